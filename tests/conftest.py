@@ -1,0 +1,33 @@
+"""Shared test configuration: GPU tests skip without CUDA; everything else runs on CPU."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+QWEN3_TOKENIZER_DIR = REPO_ROOT / "tests" / "assets" / "qwen3_tokenizer"
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        has_cuda = False
+    if has_cuda:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA: run on a GPU machine (the H200) with `pytest -m gpu`")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir() -> pathlib.Path:
+    return QWEN3_TOKENIZER_DIR
