@@ -1,0 +1,128 @@
+"""``python -m eval {run,score,compare,tasks}``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eval.engines import ENGINES, GenerationParams
+
+
+def _parse_datasets(items: list[str] | None) -> dict[str, str]:
+    from eval.task import get_task
+
+    out = {}
+    for item in items or []:
+        name, sep, src = item.partition("=")
+        if not sep or not src:
+            raise ValueError(f"--dataset {item!r} must look like TASK=PATH_OR_HF_ID (e.g. math500=hf:HuggingFaceH4/MATH-500)")
+        out[get_task(name).name] = src
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval", description="Score checkpoints and response files on "
+                                "AIME24, AIME25, MATH-500, AMC23, GSM8K and IFEval (report §6.2.2 protocol).")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = GenerationParams()
+
+    r = sub.add_parser("run", help="generate with a model and score it")
+    r.add_argument("model", help="local HF model dir, checkpoint dir, 'smollm2-135m-instruct' (bundled) or hub id")
+    r.add_argument("--tasks", default="aime24,aime25,math500,gsm8k,ifeval",
+                   help="comma-separated tasks (default: the report's Table 6-8 set)")
+    r.add_argument("--samples", default=None, help="k per task, e.g. aime24=6,math500=4 (default: report §6.2.2)")
+    r.add_argument("--engine", default="local", choices=ENGINES)
+    r.add_argument("--precision", default=None, help="minite precision recipe (bf16, nvfp4_per_token, ...)")
+    r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
+    r.add_argument("--output-dir", default=None, help="default: outputs/eval/<model>-<time>")
+    r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    r.add_argument("--temperature", type=float, default=d.temperature)
+    r.add_argument("--top-p", type=float, default=d.top_p)
+    r.add_argument("--top-k", type=int, default=d.top_k)
+    r.add_argument("--seed", type=int, default=d.seed)
+    r.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch (local engine)")
+    r.add_argument("--data-dir", default=None, help="directory with <task>/test.jsonl or <task>.jsonl")
+    r.add_argument("--dataset", action="append", metavar="TASK=SRC",
+                   help="per-task jsonl file or Hugging Face id (hf:ORG/NAME[:SPLIT]); repeatable")
+    r.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    r.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on GPU, float32 on CPU)")
+    r.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                   help="send raw prompts instead of the tokenizer's chat template")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("score", help="score a predictions jsonl produced elsewhere")
+    s.add_argument("task")
+    s.add_argument("predictions")
+    s.add_argument("--json", action="store_true", help="print exactly one JSON line")
+    s.add_argument("--data-dir", default=None)
+    s.add_argument("--dataset", default=None, help="jsonl path or hf:ORG/NAME[:SPLIT] for the task's data")
+
+    c = sub.add_parser("compare", help="tasks side by side with percentage-point differences (Table 6-8 style)")
+    c.add_argument("runs", nargs="+", help="`eval run` output directories or results.json files")
+    c.add_argument("--names", default=None, help="comma-separated row names (default: directory names)")
+    c.add_argument("--json", action="store_true")
+
+    sub.add_parser("tasks", help="list the available tasks")
+    return p
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    from eval.report import pct
+    from eval.runner import RunConfig, parse_samples, run_eval
+
+    params = GenerationParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                              max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=a.batch_size)
+    cfg = RunConfig(model=a.model, tasks=tuple(t.strip() for t in a.tasks.split(",") if t.strip()),
+                    samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, limit=a.limit,
+                    output_dir=a.output_dir, params=params, data_dir=a.data_dir, datasets=_parse_datasets(a.dataset),
+                    device=a.device, dtype=a.dtype, chat_template=a.chat_template)
+    res = run_eval(cfg, show_progress=not a.quiet)
+    for s in res["tasks"].values():
+        print(f"{s['title']:>10}  avg@{s['k']} {pct(s['mean'])} ± {pct(s['std'])}  ({s['primary_metric']}, n={s['n']})")
+    print(f"{'Average':>10}  {pct(res['average']['mean'])}   -> {res['output_dir']}")
+    return 0
+
+
+def _cmd_score(a: argparse.Namespace) -> int:
+    from eval.scoring import score_predictions
+    from eval.task import get_task
+
+    out = score_predictions(get_task(a.task), a.predictions, data_dir=a.data_dir, dataset=a.dataset)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {100 * v:.2f}%" if isinstance(v, float) else f"{k}: {v}")
+    return 0
+
+
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from eval.report import compare_table, load_run
+
+    runs = [load_run(p) for p in a.runs]
+    names = [n.strip() for n in a.names.split(",")] if a.names else None
+    if names and len(names) != len(runs):
+        raise ValueError(f"--names has {len(names)} names for {len(runs)} runs")
+    table, data = compare_table(runs, names)
+    print(json.dumps(data) if a.json else table, end="" if not a.json else "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "score":
+            return _cmd_score(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
+        from eval.task import get_task, task_names
+
+        for n in task_names():
+            t = get_task(n)
+            print(f"{n:10} {t.title:10} k={t.default_samples}  metric={t.primary_metric}")
+        return 0
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,86 @@
+"""Where a task's rows come from: the bundled copy (offline default), a data directory, a jsonl file, or a
+Hugging Face dataset id (online users only; never used unless asked for)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from eval.task import Task
+
+BUNDLED_DIR = pathlib.Path(__file__).resolve().parent / "data"
+
+
+def bundled_path(task: Task) -> pathlib.Path:
+    return BUNDLED_DIR / task.name / "test.jsonl"
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _from_hub(task: Task, spec: str) -> list[dict]:
+    """``hf:PATH[:SPLIT]`` or ``PATH[:SPLIT]`` with the config taken from the task (GSM8K: ``main``)."""
+    spec = spec[3:] if spec.startswith("hf:") else spec
+    path, _, split = spec.partition(":")
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a dependency
+        raise ImportError("loading a Hugging Face dataset id needs `pip install datasets`") from exc
+    config = task.hf_config if path == task.hf_path else None
+    ds = datasets.load_dataset(path, config, split=split or task.hf_split)
+    return [dict(r) for r in ds]
+
+
+def resolve_source(task: Task, data_dir: str | None = None, dataset: str | None = None) -> str:
+    """A human-readable description of where the rows come from (recorded in the run protocol)."""
+    if dataset:
+        return dataset
+    if data_dir:
+        return str(_dir_file(task, data_dir))
+    return f"bundled:{bundled_path(task).relative_to(BUNDLED_DIR.parent)}"
+
+
+def _dir_file(task: Task, data_dir: str) -> pathlib.Path:
+    base = pathlib.Path(data_dir)
+    candidates = [base / task.name / "test.jsonl", base / f"{task.name}.jsonl"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"no data file for task {task.name!r} under {data_dir}: looked for "
+                            f"{', '.join(str(c) for c in candidates)}")
+
+
+def load_rows(task: Task, data_dir: str | None = None, dataset: str | None = None) -> list[dict]:
+    """Rows of the task's test set. ``dataset`` (a jsonl path or a hub id) wins over ``data_dir``."""
+    if dataset:
+        if os.path.exists(dataset):
+            rows = read_jsonl(dataset)
+        elif dataset.startswith("hf:") or ("/" in dataset and not dataset.endswith((".jsonl", ".json"))):
+            rows = _from_hub(task, dataset)
+        else:
+            raise FileNotFoundError(f"dataset for task {task.name!r} not found: {dataset!r} is neither a "
+                                    "file nor a Hugging Face id (write hf:ORG/NAME[:SPLIT])")
+    elif data_dir:
+        rows = read_jsonl(_dir_file(task, data_dir))
+    else:
+        path = bundled_path(task)
+        if not path.is_file():
+            raise FileNotFoundError(f"bundled data for task {task.name!r} is missing at {path}; reinstall the "
+                                    "package or pass --data-dir")
+        rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"the data for task {task.name!r} has no rows")
+    return rows

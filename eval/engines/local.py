@@ -1,0 +1,83 @@
+"""``engine=local``: a transformers model (optionally with a minite precision recipe) sampled by the
+trainer's own batched KV-cache loop (``trainers.rollout.local.LocalSampler``), on CPU or one GPU.
+
+Batching: the k samples of every prompt are laid out adjacent, prompts sorted by token length (less
+padding), and cut into batches of ``batch_size`` sequences; batch b of a task is sampled with seed
+``seed + b``, so a run is reproducible for a given batch size.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable
+
+from eval.engines import Generation, GenerationParams
+from eval.engines.base import Engine
+
+
+def apply_precision(model, precision: str) -> dict:
+    """Swap the model's linears for the named minite precision recipe; returns the quantization report."""
+    from minite_kernels import quantize_model
+    from minite_kernels.recipes import list_recipes
+
+    names = [r.name for r in list_recipes()]
+    if precision not in names:
+        close = difflib.get_close_matches(precision, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown precision recipe {precision!r}.{hint} Valid: {', '.join(names)}")
+    report = quantize_model(model, precision)
+    return report.to_dict()
+
+
+class LocalEngine(Engine):
+    name = "local"
+
+    def __init__(self, model, tokenizer, *, precision: str | None = None, info: dict | None = None) -> None:
+        from trainers.rollout.local import LocalSampler
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.precision = precision
+        self.quantization = apply_precision(model, precision) if precision else None
+        self.sampler = LocalSampler(model, tokenizer)
+        self.info = dict(info or {})
+
+    @classmethod
+    def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
+                        precision: str | None = None) -> "LocalEngine":
+        import torch
+
+        from trainers.models import load_model_and_tokenizer
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+        m, tok = load_model_and_tokenizer(model, dtype=dtype, device=device)
+        return cls(m, tok, precision=precision, info={"model": model, "dtype": dtype, "device": device})
+
+    def generate(self, prompt_ids: list[list[int]], k: int, params: GenerationParams,
+                 progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        from trainers.rollout.local import SamplingParams
+
+        items = sorted(((len(p), i, s) for i, p in enumerate(prompt_ids) for s in range(k)))
+        out: list[list[Generation | None]] = [[None] * k for _ in prompt_ids]
+        for b, start in enumerate(range(0, len(items), params.batch_size)):
+            chunk = items[start:start + params.batch_size]
+            sp = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                max_new_tokens=params.max_new_tokens, seed=params.seed + b)
+            comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)
+            for (_, i, s), c in zip(chunk, comps):
+                ids = c.token_ids[:-1] if c.finish_reason == "stop" else c.token_ids
+                out[i][s] = Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                                       num_tokens=len(c.token_ids), finish_reason=c.finish_reason)
+            if progress is not None:
+                progress(len(chunk))
+        return out  # type: ignore[return-value]
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        p = next(self.model.parameters())
+        return {"engine": "local", "sampler": "trainers.rollout.local.LocalSampler", **self.info,
+                "dtype": str(p.dtype).replace("torch.", ""), "device": str(p.device),
+                "precision": self.precision or "none (model dtype)", "quantization": self.quantization,
+                "torch": torch.__version__,
+                "batching": "k samples per prompt adjacent, prompts sorted by length; batch b uses seed+b"}

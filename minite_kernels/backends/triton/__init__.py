@@ -1,0 +1,33 @@
+"""Triton backend (Hopper/Ampere): exact NVFP4 emulation made fast (report §4.2, §5.1, §6.5).
+
+Importing this package imports triton; the backend factory (``minite_kernels.backends.get_backend``) imports
+it lazily, only when a CUDA device is present. Kernels, one concern per module:
+
+- ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize
+- ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
+- ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches
+- ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
+- ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
+- ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`
+"""
+
+from __future__ import annotations
+
+from .backend import TritonBackend, TritonNVFP4Tensor
+from .decode import decode_linear
+from .gemm import scaled_mm_nt
+from .logprobs import logprobs_and_entropy, logprobs_and_entropy_torch
+from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
+from .weight_sync import WeightRequantizer
+
+__all__ = [
+    "TritonBackend",
+    "TritonNVFP4Tensor",
+    "WeightRequantizer",
+    "decode_linear",
+    "dequantize_nvfp4_triton",
+    "logprobs_and_entropy",
+    "logprobs_and_entropy_torch",
+    "quantize_nvfp4_triton",
+    "scaled_mm_nt",
+]

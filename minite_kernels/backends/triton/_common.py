@@ -1,0 +1,65 @@
+"""Shared helpers of the Triton backend: availability, interpreter detection, one-time fallback warnings."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+#: fp32 constants used by the kernels (the same values the reference ``minite_kernels.formats`` uses)
+FLT_MAX = 3.4028234663852886e38
+SIXTH = 0.1666666716337204  # fl(1/6): the fp32 nearest to 1/6
+INV_2688 = 0.00037202381645329297  # fl(1/2688)
+INV_2688_SQ = 1.3840171675383317e-07  # fl(1/2688**2), used only in GEMM epilogues (tolerance-checked)
+
+_WARNED: set[str] = set()
+
+
+def interpret_mode() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def kernel_device_ok(x: torch.Tensor) -> bool:
+    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    return x.is_cuda or (interpret_mode() and x.device.type == "cpu")
+
+
+def warn_once(key: str, message: str) -> None:
+    """Emit ``message`` as a RuntimeWarning the first time ``key`` is seen in this process."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def triton_import_status() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the installation
+        return False, f"triton is not importable ({type(e).__name__}: {e}); pip install 'minite-rl[gpu]'"
+    return True, f"triton {triton.__version__}"
+
+
+def patch_interpreter_for_numpy2() -> None:
+    """Triton 3.6's CPU interpreter turns loop bounds into ``int(ndarray)``, which NumPy >= 2.4 refuses for
+    1-element arrays; re-register ``__index__`` with ``.item()``. Only used under ``TRITON_INTERPRET=1``."""
+    try:
+        from triton.runtime import interpreter as _interp
+    except Exception:  # pragma: no cover
+        return
+    if getattr(_interp, "_minite_patched", False):
+        return
+    original = _interp._patch_lang_tensor
+
+    def _patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interp._patch_lang_tensor = _patched
+    _interp._minite_patched = True
+
+
+if interpret_mode():
+    patch_interpreter_for_numpy2()

@@ -1,0 +1,305 @@
+"""The quantized linear autograd function shared by Linear, LayerNormLinear and GroupedLinear.
+
+Report §4.3: fprop, dgrad and wgrad each follow their own GEMM spec of the recipe. For one group
+(a dense layer is one group; an MoE layer has one group per expert, rows sorted by expert)::
+
+    fprop  Y  = Q(X) · Q(W)ᵀ                       (+ bias)
+    dgrad  dX = Q(dY) · Q(W_b)                      qgemm_nt(dY, W_bᵀ)
+    wgrad  dW = Q(dYᵀ) · Q(X_bᵀ)ᵀ                   qgemm_nt(dYᵀ, X_bᵀ)
+
+where ``Q`` is the recipe's quantizer for that operand (identity for bf16 specs) and the backward operands
+``X_b, W_b`` are chosen by ``recipe.backward_operands``:
+
+  - ``quantized`` / ``original``: the original high-precision X, W (re-quantized per the backward specs);
+  - ``dequantized_forward``: ``dequant(Q_fprop(X))`` and ``dequant(Q_fprop(W))``, the values the forward
+    used. With BF16 backward specs this makes dX, dW the exact gradients of the quantized forward
+    ``Y = X̂ Ŵᵀ`` with the quantizer treated as identity (straight-through estimator).
+
+The quantizer is never differentiated (STE): gradients flow as if ``Q`` were the identity.
+
+Worked example (bf16 recipe, one group): X = [[1, 2]], W = [[3, 4]], dY = [[1]] gives Y = [[11]],
+dX = dY·W = [[3, 4]], dW = dYᵀ·X = [[1, 2]], exactly nn.Linear's gradients.
+
+Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache` keyed on the weight's
+version counter and storage pointer, so they are re-quantized once after each ``optimizer.step()`` (an
+in-place update bumps ``_version``): that is the "weight sync" re-quantization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from minite_kernels.backends import Backend, dequantize_operand
+from minite_kernels.recipes import OperandSpec, PrecisionRecipe
+
+
+class WeightCache:
+    """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
+    dtype and device are unchanged. A plain attribute (never a buffer): nothing here enters ``state_dict``."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, tuple[tuple, Any]] = {}
+        self.misses = 0
+
+    @staticmethod
+    def _token(weight: torch.Tensor) -> tuple:
+        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, tuple(weight.shape))
+
+    def get(self, key: Any, weight: torch.Tensor, make: Callable[[], Any]) -> Any:
+        token = self._token(weight)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] == token:
+            return hit[1]
+        value = make()
+        self._entries[key] = (token, value)
+        self.misses += 1
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass
+class QLinearState:
+    """Non-tensor state of one quantized-linear call."""
+
+    recipe: PrecisionRecipe
+    backend: Backend
+    cache: WeightCache
+    generator: torch.Generator | None = None
+    splits: tuple[int, ...] = ()
+    grouped: bool = False
+    saved_q: list = field(default_factory=list)
+
+
+def _pack(q) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
+    """Split a quantized operand (a formats dataclass) into its tensors, saved with ``save_for_backward``, and
+    a rebuild function that holds only the non-tensor fields (so checkpointing/offload hooks see every
+    tensor; optional cached tensors such as a backend's GEMM operand are dropped)."""
+    if isinstance(q, torch.Tensor):
+        return [q], lambda ts: ts[0]
+    cls = type(q)
+    names = [n for n in ("data", "scales", "amax", "nonfinite") if isinstance(getattr(q, n, None), torch.Tensor)]
+    tensors = [getattr(q, n) for n in names]
+    static = {
+        f.name: getattr(q, f.name)
+        for f in dataclasses.fields(q)
+        if f.init and f.name not in names and not isinstance(getattr(q, f.name), torch.Tensor)
+    }
+
+    def rebuild(ts: list[torch.Tensor]):
+        return cls(**static, **dict(zip(names, ts)))
+
+    return tensors, rebuild
+
+
+def _quantize(backend: Backend, x: torch.Tensor, spec: OperandSpec, generator) -> Any:
+    if not spec.quantized:
+        return x
+    return backend.quantize(x if x.is_contiguous() else x.contiguous(), spec, generator=generator)
+
+
+def _weight_operands(state: QLinearState, weight: torch.Tensor, g: int) -> torch.Tensor:
+    return weight[g] if state.grouped else weight
+
+
+def _fprop_weight(state: QLinearState, weight: torch.Tensor, g: int):
+    spec = state.recipe.fprop.b
+    w = _weight_operands(state, weight, g)
+    if not spec.quantized:
+        return w
+    return state.cache.get(("fprop", spec, g), weight, lambda: _quantize(state.backend, w, spec, None))
+
+
+def _backward_weight(state: QLinearState, weight: torch.Tensor, g: int):
+    """The dgrad B operand ``W_bᵀ`` [K, N], quantized per ``dgrad.b`` (cached: it depends only on W)."""
+    r = state.recipe
+    spec = r.dgrad.b
+
+    def make():
+        if r.backward_operands == "dequantized_forward" and r.fprop.b.quantized:
+            w = dequantize_operand(_fprop_weight(state, weight, g), weight.dtype)
+        else:
+            w = _weight_operands(state, weight, g)
+        return _quantize(state.backend, w.t(), spec, None) if spec.quantized else w.t()
+
+    return state.cache.get(("dgrad", spec, r.backward_operands, g), weight, make)
+
+
+def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Y for all groups; returns (y, per-group quantized X or None)."""
+    r = state.recipe
+    n = weight.shape[-2]
+    out_dtype = x2d.dtype
+    outs, qxs = [], []
+    start = 0
+    for g, m in enumerate(state.splits):
+        xg = x2d[start:start + m]
+        start += m
+        if m == 0:
+            outs.append(x2d.new_zeros((0, n)))
+            qxs.append(None)
+            continue
+        qx = _quantize(state.backend, xg, r.fprop.a, None)
+        qw = _fprop_weight(state, weight, g)
+        y = state.backend.qgemm_nt(
+            None, None, r.fprop.a, r.fprop.b, a_quantized=qx, b_quantized=qw, out_dtype=out_dtype
+        )
+        if bias is not None:
+            y = y + (bias[g] if state.grouped else bias).to(out_dtype)
+        outs.append(y)
+        qxs.append(qx)
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+    return y, qxs
+
+
+class _QLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, state: QLinearState):  # type: ignore[override]
+        y, qxs = _forward(state, x2d, weight, bias)
+        r = state.recipe
+        ctx.state = state
+        ctx.has_bias = bias is not None
+        ctx.x_dtype = x2d.dtype
+        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
+            tensors, rebuilders, counts = [], [], []
+            for q in qxs:
+                if q is None:
+                    rebuilders.append(None)
+                    counts.append(0)
+                    continue
+                ts, rb = _pack(q)
+                tensors.extend(ts)
+                rebuilders.append(rb)
+                counts.append(len(ts))
+            ctx.rebuilders, ctx.counts = rebuilders, counts
+            ctx.save_for_backward(weight, *tensors)
+            ctx.saved_x = False
+        else:
+            ctx.save_for_backward(weight, x2d)
+            ctx.saved_x = True
+        return y
+
+    @staticmethod
+    def backward(ctx, dy2d):  # type: ignore[override]
+        state: QLinearState = ctx.state
+        r = state.recipe
+        backend = state.backend
+        weight, *rest = ctx.saved_tensors
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy2d = dy2d if dy2d.is_contiguous() else dy2d.contiguous()
+
+        if ctx.saved_x:
+            x2d = rest[0]
+            xs = []
+            start = 0
+            for m in state.splits:
+                xs.append(x2d[start:start + m])
+                start += m
+        else:
+            xs, i = [], 0
+            for rb, c in zip(ctx.rebuilders, ctx.counts):
+                if rb is None:
+                    xs.append(None)
+                    continue
+                xs.append(dequantize_operand(rb(list(rest[i:i + c])), ctx.x_dtype))
+                i += c
+
+        dxs, dws = [], []
+        start = 0
+        n, k = weight.shape[-2], weight.shape[-1]
+        for g, m in enumerate(state.splits):
+            dyg = dy2d[start:start + m]
+            start += m
+            if m == 0:
+                dxs.append(dy2d.new_zeros((0, k), dtype=ctx.x_dtype))
+                dws.append(torch.zeros((n, k), dtype=weight.dtype, device=weight.device))
+                continue
+            if need_dx:
+                wt = _backward_weight(state, weight, g)
+                dxs.append(backend.qgemm_nt(
+                    dyg, None, r.dgrad.a, r.dgrad.b, b_quantized=wt, out_dtype=ctx.x_dtype, generator=state.generator
+                ))
+            if need_dw:
+                a = dyg.t()
+                b = xs[g].t()
+                if r.wgrad.a.quantized:
+                    a = a.contiguous()
+                if r.wgrad.b.quantized:
+                    b = b.contiguous()
+                dws.append(backend.qgemm_nt(
+                    a, b, r.wgrad.a, r.wgrad.b, out_dtype=weight.dtype, generator=state.generator
+                ))
+        dx = (dxs[0] if len(dxs) == 1 else torch.cat(dxs, dim=0)) if need_dx else None
+        dw = None
+        if need_dw:
+            dw = torch.stack(dws, dim=0) if state.grouped else dws[0]
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            if state.grouped:
+                parts = torch.split(dy2d, list(state.splits), dim=0)
+                db = torch.stack([p.sum(dim=0) for p in parts], dim=0)
+            else:
+                db = dy2d.sum(dim=0)
+        return dx, dw, db, None
+
+
+def check_splits(m_splits: Sequence[int] | torch.Tensor, num_groups: int, total: int) -> tuple[int, ...]:
+    """Validate per-group row counts (``m_splits``) against the number of groups and rows."""
+    if isinstance(m_splits, torch.Tensor):
+        m_splits = m_splits.tolist()
+    splits = tuple(int(s) for s in m_splits)
+    if len(splits) != num_groups:
+        raise ValueError(f"m_splits has {len(splits)} entries but the layer has {num_groups} groups (experts)")
+    if any(s < 0 for s in splits):
+        raise ValueError(f"m_splits must be non-negative row counts, got {list(splits)}")
+    if sum(splits) != total:
+        raise ValueError(f"m_splits sums to {sum(splits)} but the input has {total} rows")
+    return splits
+
+
+def qlinear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: PrecisionRecipe,
+    backend: Backend,
+    cache: WeightCache,
+    *,
+    m_splits: Sequence[int] | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Quantized ``x @ weightᵀ + bias`` with recipe-controlled fprop/dgrad/wgrad.
+
+    Dense: ``weight`` [N, K], ``x`` [..., K] → [..., N]. Grouped (MoE): ``weight`` [G, N, K] (one contiguous
+    buffer), ``bias`` [G, N] or None, ``x`` [T, K] with rows sorted by group and ``m_splits`` the G row counts
+    (zero allowed) → [T, N].
+    """
+    k = weight.shape[-1]
+    if x.shape[-1] != k:
+        raise ValueError(f"input has {x.shape[-1]} features but the weight expects {k}")
+    grouped = weight.dim() == 3
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, k)
+    if grouped:
+        if m_splits is None:
+            raise ValueError("a grouped weight [G, N, K] needs m_splits (rows per group)")
+        splits = check_splits(m_splits, weight.shape[0], x2d.shape[0])
+    else:
+        splits = (x2d.shape[0],)
+    state = QLinearState(recipe, backend, cache, generator, splits, grouped)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        y = _QLinearFunction.apply(x2d, weight, bias, state)
+    else:
+        y, _ = _forward(state, x2d, weight, bias)
+    return y.reshape(*lead, weight.shape[-2])

@@ -1,0 +1,175 @@
+"""Time the TRIAGE loss (forward + backward) against verl's vanilla PPO loss x token TIS, in one process.
+
+    python scripts/bench_triage.py                       # 256 x 8192 on CPU
+    python scripts/bench_triage.py --device cuda         # the same on a GPU (CUDA events)
+
+Prints one JSON line. ``ratio`` = median(triage_policy_loss, with the §6 diagnostics) / median(vanilla + TIS);
+``ratio_nodiag`` without the diagnostics; ``ratio_verl`` the registered verl loss "triage" called as
+``ppo_loss`` calls it (what the trainers run; only where verl is installed). The baseline is verl's
+``compute_policy_loss_vanilla`` under ``seq-mean-token-mean`` with token TIS weights (C = 2) computed inline;
+without verl (the GPU machine) it is ``triage.baselines.vanilla_tis_loss``, the same operations, tested equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def make_inputs(batch: int, seqlen: int, device: str, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    old = -torch.rand(batch, seqlen, generator=g) * 4
+    logp = old + 0.05 * torch.randn(batch, seqlen, generator=g)
+    sampler = old + 0.8 * torch.randn(batch, seqlen, generator=g) + 0.6 * torch.rand(batch, 1, generator=g)
+    adv = torch.randn(batch, generator=g)
+    lengths = torch.randint(seqlen // 2, seqlen + 1, (batch,), generator=g)
+    mask = torch.arange(seqlen).unsqueeze(0) < lengths.unsqueeze(1)
+    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    return cast(logp), cast(old), cast(sampler), cast(adv), mask.to(device)
+
+
+def timeit(fn, *, iters: int, warmup: int, device: str) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--seqlen", type=int, default=8192)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the log-prob tensors")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    args = p.parse_args()
+    if args.iters < 20:
+        p.error("--iters must be >= 20 (median of at least 20 runs)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from triage import TriageConfig, triage_policy_loss
+    from triage.baselines import vanilla_tis_loss
+
+    try:  # verl is absent on the GPU machine: fall back to the tested pure-torch copy of its vanilla loss
+        import verl
+        from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn
+        from verl.workers.config import ActorConfig
+
+        import triage.verl as tv
+    except ImportError:
+        verl = None
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    logp0, old, sampler, adv, mask = make_inputs(args.batch, args.seqlen, args.device, dtype)
+    adv_bt = adv.unsqueeze(-1) * mask
+    logp = logp0.clone().requires_grad_()
+    mode = "seq-mean-token-mean"
+    full, nodiag = TriageConfig(), TriageConfig(diagnostics=False)
+
+    def ours(cfg):
+        def run():
+            logp.grad = None
+            loss, _ = triage_policy_loss(logp, old, sampler, adv, mask, cfg)
+            loss.backward()
+
+        return run
+
+    cands = {}
+    if verl is not None:
+        def actor(triage=None):
+            return ActorConfig(
+                strategy="fsdp",
+                rollout_n=1,
+                ppo_micro_batch_size_per_gpu=1,
+                loss_agg_mode=mode,
+                policy_loss=tv.TriagePolicyLossConfig(triage=triage or {}),
+            )
+
+        cfg = actor()
+        raw_w = tv.make_rollout_is_weights(old, sampler, mask)  # what verl hands the loss (once per step)
+        triage_fn = get_policy_loss_fn("triage")
+
+        def vanilla():
+            logp.grad = None
+            with torch.no_grad():
+                w = torch.exp((old.float() - sampler.float()).clamp(-20, 20)).clamp(max=2.0) * mask
+            loss, _ = compute_policy_loss_vanilla(old, logp, adv_bt, mask, mode, cfg, w)
+            loss.backward()
+
+        def through_verl():
+            logp.grad = None
+            loss, _ = triage_fn(
+                old_log_prob=old,
+                log_prob=logp,
+                advantages=adv_bt,
+                response_mask=mask,
+                loss_agg_mode=mode,
+                config=cfg,
+                rollout_is_weights=raw_w,
+            )
+            loss.backward()
+
+        cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag), "triage_verl": through_verl}
+        baseline = "verl.compute_policy_loss_vanilla"
+    else:
+        def vanilla():
+            logp.grad = None
+            loss, _ = vanilla_tis_loss(logp, old, sampler, adv_bt, mask)
+            loss.backward()
+
+        cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag)}
+        baseline = "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
+
+    # interleave the candidates so that load changes on a shared machine hit all of them alike
+    samples: dict[str, list[float]] = {k: [] for k in cands}
+    rounds = 4
+    per_round = -(-args.iters // rounds)
+    for r in range(rounds):
+        for name, fn in cands.items():
+            samples[name] += timeit(fn, iters=per_round, warmup=args.warmup if r == 0 else 1, device=args.device)
+    med = {name: statistics.median(ts) for name, ts in samples.items()}
+    base = med["vanilla_tis"]
+    out = {
+        "bench": "triage_loss_fwd_bwd",
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{torch.get_num_threads()}",
+        "batch": args.batch,
+        "seqlen": args.seqlen,
+        "dtype": args.dtype,
+        "iters": len(samples["triage"]),
+        "baseline": baseline,
+        "vanilla_tis_ms": round(base, 3),
+        "triage_ms": round(med["triage"], 3),
+        "triage_nodiag_ms": round(med["triage_nodiag"], 3),
+        "triage_verl_ms": round(med["triage_verl"], 3) if "triage_verl" in med else None,
+        "ratio": round(med["triage"] / base, 3),
+        "ratio_nodiag": round(med["triage_nodiag"] / base, 3),
+        "ratio_verl": round(med["triage_verl"] / base, 3) if "triage_verl" in med else None,
+        "torch": torch.__version__,
+        "verl": verl.__version__ if verl is not None else None,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

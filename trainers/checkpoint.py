@@ -1,0 +1,133 @@
+"""Checkpoints: HF-format safetensors + tokenizer + optimizer + RNG + trainer state, written atomically.
+
+Layout of ``<output_dir>/checkpoints/``::
+
+    step_000010/   config.json, model.safetensors, tokenizer files, optimizer.pt, rng.pt, trainer_state.json
+    latest         text file naming the newest complete checkpoint dir
+
+A checkpoint is assembled in ``step_000010.tmp-XXXX`` and renamed into place (``os.replace``) only when every
+file is written, and ``latest`` is replaced the same way, so a crash at any moment leaves the previous
+checkpoint usable. ``step_000010/`` loads with ``AutoModelForCausalLM.from_pretrained``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+def atomic_write_text(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_model(model, tokenizer, d: pathlib.Path) -> None:
+    from safetensors.torch import save_file
+
+    try:
+        model.save_pretrained(d, safe_serialization=True)
+    except Exception:  # e.g. a model whose config cannot round-trip: fall back to a plain state dict
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+
+
+def save_checkpoint(ckpt_root: pathlib.Path, step: int, *, model, tokenizer, optimizer, scheduler,
+                    trainer_state: dict[str, Any], keep: int = 2) -> pathlib.Path:
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=ckpt_root))
+    try:
+        _save_model(model, tokenizer, tmp)
+        torch.save({"optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    atomic_write_text(ckpt_root / "latest", final.name + "\n")
+    _prune(ckpt_root, keep, protect=final)
+    return final
+
+
+def _prune(root: pathlib.Path, keep: int, protect: pathlib.Path) -> None:
+    done = sorted(p for p in root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name and (p / STATE_FILE).is_file())
+    for p in done[:-keep] if keep > 0 else []:
+        if p != protect:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob("step_*.tmp-*"):  # leftovers of a crash during a save
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_root: pathlib.Path) -> pathlib.Path | None:
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        d = ckpt_root / pointer.read_text().strip()
+        if (d / STATE_FILE).is_file():
+            return d
+    done = sorted(p for p in ckpt_root.glob("step_*") if ".tmp-" not in p.name and (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(d: pathlib.Path, *, model, optimizer, scheduler) -> dict[str, Any]:
+    """Load weights, optimizer, scheduler and RNG from `d`; return the trainer state (with 'step')."""
+    from safetensors.torch import load_file
+
+    files = sorted(d.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {d} has no model*.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {d} does not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+    opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(opt["optimizer"])
+    if scheduler is not None and opt.get("scheduler") is not None:
+        scheduler.load_state_dict(opt["scheduler"])
+    set_rng_state(torch.load(d / "rng.pt", weights_only=False))
+    return json.loads((d / STATE_FILE).read_text())

@@ -1,0 +1,82 @@
+"""Learner log-probs: one full-sequence forward, then a chunked log-softmax gather.
+
+For response token y_t with hidden state h_{t-1} (the position that predicts it):
+
+    z = lm_head(h_{t-1}) / T ;  logp_t = z[y_t] - logsumexp(z) ;  H_t = -sum_v softmax(z)_v * log softmax(z)_v
+
+The [N, V] fp32 logits are built `chunk_size` tokens at a time and only for response tokens (mask = 1); with
+gradients enabled each chunk is wrapped in activation checkpointing, so neither the forward nor the backward
+ever holds more than one chunk of logits. Example: 512 response tokens, V = 151,669, chunk 128 -> 78 MB of fp32
+logits live at once instead of 311 MB.
+
+Layout (verl's): ``input_ids = [left-padded prompt | right-padded response]``; response tokens start at column P.
+``position_ids = cumsum(attention_mask) - 1`` so positions match the sampler's KV-cache decode exactly.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from trainers.rollout.sampling import process_logits
+
+
+def _chunk_stats(lm_head, h: torch.Tensor, y: torch.Tensor, temperature: float, softcap: float | None,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = lm_head(h)
+    if softcap:
+        logits = torch.tanh(logits.float() / softcap) * softcap
+    z = process_logits(logits, temperature)
+    logp_all = torch.log_softmax(z, dim=-1)
+    logp = logp_all.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    else:
+        ent = torch.zeros_like(logp)
+    return logp, ent
+
+
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+                      *, prompt_len: int, temperature: float = 1.0, chunk_size: int = 256,
+                      with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (logp [B, R], entropy [B, R]) of the response tokens, zero where response_mask is 0."""
+    B, S = input_ids.shape
+    R = S - prompt_len
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    base = getattr(model, model.base_model_prefix)
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).last_hidden_state
+    h = hidden[:, prompt_len - 1:S - 1, :]
+    targets = input_ids[:, prompt_len:]
+    sel = response_mask.bool()
+    h_sel, y_sel = h[sel], targets[sel]
+    lm_head = model.get_output_embeddings()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    use_ckpt = torch.is_grad_enabled() and h_sel.requires_grad
+    logps, ents = [], []
+    for i in range(0, h_sel.shape[0], chunk_size):
+        args = (lm_head, h_sel[i:i + chunk_size], y_sel[i:i + chunk_size], temperature, softcap, with_entropy)
+        lp, en = checkpoint(_chunk_stats, *args, use_reentrant=False) if use_ckpt else _chunk_stats(*args)
+        logps.append(lp)
+        ents.append(en)
+    dtype = torch.float32
+    logp = torch.zeros((B, R), dtype=dtype, device=input_ids.device)
+    ent = torch.zeros((B, R), dtype=dtype, device=input_ids.device)
+    if logps:
+        logp = logp.masked_scatter(sel, torch.cat(logps))
+        ent = ent.masked_scatter(sel, torch.cat(ents).detach() if not with_entropy else torch.cat(ents))
+    return logp, ent
+
+
+def naive_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            response_mask: torch.Tensor, *, prompt_len: int, temperature: float = 1.0
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: full [B, S, V] logits from model(...), then log_softmax. Only for tests."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
+    z = process_logits(logits[:, prompt_len - 1:-1, :], temperature)
+    logp_all = torch.log_softmax(z, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    m = response_mask.to(logp.dtype)
+    return logp * m, ent * m

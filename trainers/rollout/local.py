@@ -1,0 +1,128 @@
+"""Our own batched generation loop (the `engine=local` sampler), with a KV cache.
+
+It runs the *same* (possibly minite-patched) model object as the learner but through a different code path:
+a prefill over the left-padded prompts, then one token at a time with ``past_key_values``. The learner runs a
+single full-sequence forward, so the log-prob gap it measures between the two is real execution mismatch
+(report §2.2), not an artefact of reusing one forward.
+
+Layout: prompts are left-padded; ``attention_mask`` marks real tokens and ``position_ids = cumsum(mask) - 1``,
+so every sequence sees positions 0, 1, 2, ... exactly as in the learner's unpadded forward. Finished rows are
+dropped from the batch (and the cache) as soon as they emit a stop token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainers.models import stop_token_ids
+from trainers.rollout.sampling import process_logits, sample_tokens, sampling_backend
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token was sampled; it is included in token_ids) or "length"
+    extra: dict = field(default_factory=dict)
+
+
+class LocalSampler:
+    """Batched sampler returning per-token processed log-probs of the sampled tokens."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("tokenizer has neither pad_token_id nor eos_token_id; set tokenizer.pad_token")
+        self.pad_id = int(pad)
+        self.default_stop_ids = stop_token_ids(model, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams = SamplingParams()) -> list[Completion]:
+        if not prompt_ids:
+            return []
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(params.seed))
+        bs = self.batch_size or len(prompt_ids)
+        out: list[Completion] = []
+        for start in range(0, len(prompt_ids), bs):
+            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, gen))
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator
+                        ) -> list[Completion]:
+        from transformers import DynamicCache
+
+        dev = self.device
+        stops = torch.tensor(sorted(set(self.default_stop_ids) | set(params.stop_token_ids)) or [-1], device=dev)
+        backend = sampling_backend(dev)
+        greedy = params.temperature == 0
+        B, L = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((B, L), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            input_ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
+            mask[i, L - len(p):] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        reasons = ["length"] * B
+        alive = torch.arange(B, device=dev)  # original row of each live row
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        next_pos = position_ids[:, -1:] + 1
+        for t in range(params.max_new_tokens):
+            z = process_logits(out.logits[:, -1, :], params.temperature, params.top_k, params.top_p)
+            tok, lp = sample_tokens(z, greedy=greedy, generator=gen, backend=backend)
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            rows = alive.tolist()
+            for j, r in enumerate(rows):
+                tokens[r].append(tok_l[j])
+                logps[r].append(lp_l[j])
+            done = torch.isin(tok, stops)
+            for j in done.nonzero().flatten().tolist():
+                reasons[rows[j]] = "stop"
+            if t == params.max_new_tokens - 1 or bool(done.all()):
+                break
+            keep = (~done).nonzero().flatten()
+            if keep.numel() < alive.numel():
+                alive, tok, next_pos, mask = alive[keep], tok[keep], next_pos[keep], mask[keep]
+                cache.batch_select_indices(keep)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                             past_key_values=cache, use_cache=True)
+            next_pos = next_pos + 1
+        return [Completion(prompt_ids=list(p), token_ids=tokens[i], logprobs=logps[i], finish_reason=reasons[i],
+                           extra={"sampling_backend": backend})
+                for i, p in enumerate(prompts)]
