@@ -30,7 +30,19 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "modules": ("minite_kernels.modules", None),
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "MXFP8Tensor",
+    "NVFP4Tensor",
+    "PrecisionRecipe",
+    "QuantizationReport",
+    "get_backend",
+    "get_qlinear_params",
+    "list_recipes",
+    "modules",
+    "quantize_model",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from minite_kernels import modules

@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from minite_kernels import recipes as R
 
@@ -43,7 +43,9 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) ->
             t.add_row(*[str(v) for v in r])
         console.print(t)
         return
-    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    widths = [
+        max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(columns)
+    ]
     print(title)
     print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
     print("  ".join("-" * w for w in widths))
@@ -67,11 +69,19 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_dict() for r in items], indent=2))
         return 0
     rows = [
-        (r.name + (" *" if r.name == R.DEFAULT_RECIPE else ""), r.group, r.fprop.summary(), r.dgrad.summary(),
-         r.wgrad.summary(), r.backward_operands)
+        (
+            r.name + (" *" if r.name == R.DEFAULT_RECIPE else ""),
+            r.group,
+            r.fprop.summary(),
+            r.dgrad.summary(),
+            r.wgrad.summary(),
+            r.backward_operands,
+        )
         for r in items
     ]
-    _table("precision recipes (* = default)", ("name", "group", "fprop", "dgrad", "wgrad", "bwd operands"), rows)
+    _table(
+        "precision recipes (* = default)", ("name", "group", "fprop", "dgrad", "wgrad", "bwd operands"), rows
+    )
     print(R.SUMMARY_LEGEND)
     print(_selected_note())
     return 0
@@ -82,14 +92,24 @@ def _describe_rows(r: R.PrecisionRecipe) -> list[tuple[str, ...]]:
     for g in R.GEMMS:
         spec = r.gemm(g)
         for side, role, label, op in zip(("a", "b"), R.GEMM_ROLES[g], R.GEMM_OPERANDS[g], (spec.a, spec.b)):
-            rows.append((g, f"{side} = {label}", role, op.format, op.scaling, "x".join(map(str, op.tile or ())) or "-",
-                         "yes" if op.rht else "no", "yes" if op.stochastic_rounding else "no"))
+            rows.append(
+                (
+                    g,
+                    f"{side} = {label}",
+                    role,
+                    op.format,
+                    op.scaling,
+                    "x".join(map(str, op.tile or ())) or "-",
+                    "yes" if op.rht else "no",
+                    "yes" if op.stochastic_rounding else "no",
+                )
+            )
     return rows
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
     try:
-        r, source = R.resolve_recipe(args.name)
+        r = R.get_qlinear_params(args.name)
     except R.RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -102,17 +122,27 @@ def cmd_describe(args: argparse.Namespace) -> int:
     print(f"  backward: {r.backward_precision}")
     print(f"  requires: {', '.join(r.requires)}")
     k, n = r.feature_alignment()
-    print(f"  layer dims: in_features % {k} == 0, out_features % {n} == 0 (else quantize_model keeps it BF16)")
-    _table("operands (every GEMM is A @ B^T, both quantized along the contraction dim)",
-           ("gemm", "operand", "role", "format", "scaling", "tile", "rht", "sr"), _describe_rows(r))
+    print(
+        f"  layer dims: in_features % {k} == 0, out_features % {n} == 0 (else quantize_model keeps it BF16)"
+    )
+    _table(
+        "operands (every GEMM is A @ B^T, both quantized along the contraction dim)",
+        ("gemm", "operand", "role", "format", "scaling", "tile", "rht", "sr"),
+        _describe_rows(r),
+    )
     return 0
 
 
 def _package_status(module: str, dist: str) -> dict:
     from importlib import metadata
 
-    info = {"module": module, "installed": importlib.util.find_spec(module) is not None, "version": None,
-            "importable": False, "error": None}
+    info = {
+        "module": module,
+        "installed": importlib.util.find_spec(module) is not None,
+        "version": None,
+        "importable": False,
+        "error": None,
+    }
     if info["installed"]:
         try:
             info["version"] = metadata.version(dist)
@@ -121,7 +151,7 @@ def _package_status(module: str, dist: str) -> dict:
         try:
             importlib.import_module(module)
             info["importable"] = True
-        except Exception as e:  # a broken optional dependency is a doctor finding, not a crash
+        except Exception as e:  # noqa: BLE001 - a broken optional dependency is a doctor finding, not a crash
             info["error"] = f"{type(e).__name__}: {e}"
     return info
 
@@ -145,12 +175,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"error: device {args.device!r}: {e}", file=sys.stderr)
         return 2
-    packages = {name: _package_status(mod, dist) for name, mod, dist in (
-        ("triton", "triton", "triton"),
-        ("transformer_engine", "transformer_engine", "transformer-engine"),
-        ("flashinfer", "flashinfer", "flashinfer-python"),
-    )}
-    backends = {name: dict(zip(("available", "reason"), backend_status(name, dev["device"]))) for name in BACKEND_NAMES}
+    packages = {
+        name: _package_status(mod, dist)
+        for name, mod, dist in (
+            ("triton", "triton", "triton"),
+            ("transformer_engine", "transformer_engine", "transformer-engine"),
+            ("flashinfer", "flashinfer", "flashinfer-python"),
+        )
+    }
+    backends = {
+        name: dict(zip(("available", "reason"), backend_status(name, dev["device"])))
+        for name in BACKEND_NAMES
+    }
     try:
         plan = plan_recipe(recipe, args.backend, dev["device"])
     except ValueError as e:
@@ -158,29 +194,60 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 2
     ok = all(row["ok"] for row in plan)
     result = {
-        "ok": ok, "recipe": recipe.name, "recipe_source": source, "backward_bypass": recipe.backward_bypass,
-        "requested_backend": args.backend, "torch": torch.__version__, **dev, "packages": packages,
-        "backends": backends, "plan": plan,
+        "ok": ok,
+        "recipe": recipe.name,
+        "recipe_source": source,
+        "backward_bypass": recipe.backward_bypass,
+        "requested_backend": args.backend,
+        "torch": torch.__version__,
+        **dev,
+        "packages": packages,
+        "backends": backends,
+        "plan": plan,
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0 if ok else 1
-    print(f"torch {torch.__version__}; device {dev['device']}"
-          + (f" ({dev['gpu']}, {dev['capability']})" if dev["gpu"] else f" ({dev['capability']})"))
+    print(
+        f"torch {torch.__version__}; device {dev['device']}"
+        + (f" ({dev['gpu']}, {dev['capability']})" if dev["gpu"] else f" ({dev['capability']})")
+    )
     print(f"native FP4/FP8 GEMMs: {'yes' if dev['native_fp4'] else 'no'} - {dev['native_fp4_reason']}")
-    _table("optional packages", ("package", "installed", "version", "importable", "note"),
-           [(k, v["installed"], v["version"] or "-", v["importable"], v["error"] or "") for k, v in packages.items()])
-    _table("backends", ("backend", "available", "reason"),
-           [(k, v["available"], v["reason"]) for k, v in backends.items()])
-    _table(f"recipe {recipe.name} ({source}) with backend={args.backend}", ("gemm", "operands", "spec", "backend", "why"),
-           [(p["gemm"], p["operands"], p["spec"], p["backend"] if p["ok"] else f"CANNOT RUN ({p['backend']})",
-             p["reason"]) for p in plan])
+    _table(
+        "optional packages",
+        ("package", "installed", "version", "importable", "note"),
+        [
+            (k, v["installed"], v["version"] or "-", v["importable"], v["error"] or "")
+            for k, v in packages.items()
+        ],
+    )
+    _table(
+        "backends",
+        ("backend", "available", "reason"),
+        [(k, v["available"], v["reason"]) for k, v in backends.items()],
+    )
+    _table(
+        f"recipe {recipe.name} ({source}) with backend={args.backend}",
+        ("gemm", "operands", "spec", "backend", "why"),
+        [
+            (
+                p["gemm"],
+                p["operands"],
+                p["spec"],
+                p["backend"] if p["ok"] else f"CANNOT RUN ({p['backend']})",
+                p["reason"],
+            )
+            for p in plan
+        ],
+    )
     print("ok: the recipe can run here" if ok else "error: the recipe cannot run with this backend here")
     return 0 if ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minite_kernels", description="miniTE precision recipes and checks")
+    p = argparse.ArgumentParser(
+        prog="python -m minite_kernels", description="miniTE precision recipes and checks"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("recipes", help="list the precision recipes (no torch import)")
     s.add_argument("--group", choices=R.GROUPS)
@@ -191,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_describe)
     s = sub.add_parser("doctor", help="check torch/CUDA/backends and plan each GEMM of a recipe")
-    s.add_argument("--recipe", default=None, help=f"recipe name (default: ${R.ENV_RECIPE} or {R.DEFAULT_RECIPE})")
+    s.add_argument(
+        "--recipe", default=None, help=f"recipe name (default: ${R.ENV_RECIPE} or {R.DEFAULT_RECIPE})"
+    )
     s.add_argument("--backend", default="auto", help="auto | emulated | triton | te | flashinfer")
     s.add_argument("--device", default=None, help="torch device (default: current CUDA device, else cpu)")
     s.add_argument("--json", action="store_true")

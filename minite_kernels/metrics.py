@@ -15,6 +15,7 @@ NaN inputs give NaN. Shapes must match (ValueError otherwise); empty tensors rai
 Worked example: ref = [3, 4], x = [3, 5]: error [0, 1], ||ref|| = 5, rel_l2 = 0.2,
 snr_db = 20·log10(5) = 13.9794, mae = 0.5, cosine = (9 + 20) / (5 · sqrt(34)) = 0.994692.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,9 @@ def _pair(ref: torch.Tensor, x: torch.Tensor, name: str) -> tuple[torch.Tensor, 
         raise ValueError(f"{name}: shapes differ: ref {tuple(ref.shape)} vs x {tuple(x.shape)}")
     if ref.numel() == 0:
         raise ValueError(f"{name}: empty tensors have no error metric")
-    return ref.detach().reshape(-1).to(torch.float64), x.detach().reshape(-1).to(device=ref.device, dtype=torch.float64)
+    return ref.detach().reshape(-1).to(torch.float64), x.detach().reshape(-1).to(
+        device=ref.device, dtype=torch.float64
+    )
 
 
 def _norms(ref: torch.Tensor, x: torch.Tensor, name: str) -> tuple[float, float]:

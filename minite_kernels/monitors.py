@@ -30,6 +30,7 @@ tensor is reduced a few times and quantized once. When a module runs several tim
 Tensors with NaN/Inf are counted in ``nonfinite_frac`` (NVFP4 statistics are skipped for them) and, with
 ``dump_dir``, saved atomically (``torch.save`` to a temp file, then ``os.replace``) to reproduce the anomaly.
 """
+
 from __future__ import annotations
 
 import fnmatch

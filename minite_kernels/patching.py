@@ -23,12 +23,13 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from minite_kernels.modules.functional import WeightCache
 from minite_kernels.modules.linear import Linear, check_features
@@ -109,10 +110,13 @@ class QuantizationReport:
         }
 
     def summary(self) -> str:
+        bypass = ", DISABLE_BACKWARD_QUANT" if self.backward_bypass else ""
         lines = [
-            f"recipe {self.recipe} ({self.recipe_source}{', DISABLE_BACKWARD_QUANT' if self.backward_bypass else ''}),"
-            f" backend {self.backend}: {len(self.swapped)} layers quantized, coverage {self.coverage:.1%} of "
-            f"{self.linear_params:,} linear params"
+            (
+                f"recipe {self.recipe} ({self.recipe_source}{bypass}), backend {self.backend}: "
+                f"{len(self.swapped)} layers quantized, coverage {self.coverage:.1%} of {self.linear_params:,} "
+                "linear params"
+            )
         ]
         for e in self.layers:
             if e.status != "quantized" or e.recipe != self.recipe:
@@ -151,8 +155,12 @@ def update_run_meta(run_dir: str | os.PathLike, updates: Mapping[str, Any]) -> P
 def _git_revision() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
             timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -177,7 +185,10 @@ def is_fused_experts(module: nn.Module) -> bool:
     """HF fused experts: 3-D ``gate_up_proj`` and ``down_proj`` parameters plus an ``act_fn``."""
     gu, dp = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     return (
-        isinstance(gu, nn.Parameter) and isinstance(dp, nn.Parameter) and gu.dim() == 3 and dp.dim() == 3
+        isinstance(gu, nn.Parameter)
+        and isinstance(dp, nn.Parameter)
+        and gu.dim() == 3
+        and dp.dim() == 3
         and hasattr(module, "act_fn")
     )
 
@@ -200,11 +211,43 @@ def _num_layers(model: nn.Module) -> int | None:
     return n
 
 
+def _patch_one(
+    model: nn.Module, name: str, module: nn.Module, selector: LayerSelector, *, lm_head: bool, backend: str
+) -> LayerEntry:
+    """Replace one linear / fused-experts module if its recipe applies; return its report entry."""
+    kind = "GroupedExperts" if is_fused_experts(module) else "Linear"
+    if kind == "GroupedExperts":
+        params = module.gate_up_proj.numel() + module.down_proj.numel()
+    else:
+        params = module.weight.numel()
+
+    def bf16(status: str, reason: str) -> LayerEntry:
+        return LayerEntry(name, kind, status, "bf16", params, "bf16", "bf16", reason)
+
+    if name.split(".")[-1] == "lm_head" and not lm_head:
+        return bf16("bf16", "lm_head stays BF16 (pass lm_head=True to quantize it)")
+    r, why = selector.select(name)
+    if r is None or not r.quantized:
+        return bf16("bf16", why if r is None else f"{why}: recipe {r.name} is BF16")
+    try:
+        if kind == "GroupedExperts":
+            new = GroupedExperts.from_hf(module, r, backend=backend)
+        else:
+            check_features(r, module.in_features, module.out_features, name)
+            new = Linear.from_linear(module, r, backend=backend)
+    except ValueError as e:
+        return bf16("skipped", f"recipe {r.name} does not fit, left BF16: {e}")
+    _set_module(model, name, new)
+    return LayerEntry(name, kind, "quantized", r.name, params, r.forward_precision, r.backward_precision, why)
+
+
 def quantize_model(
     model: nn.Module,
     recipe: str | PrecisionRecipe | None = None,
     *,
-    overrides: Mapping[str, str | PrecisionRecipe] | Iterable[tuple[str, str | PrecisionRecipe]] | None = None,
+    overrides: Mapping[str, str | PrecisionRecipe]
+    | Iterable[tuple[str, str | PrecisionRecipe]]
+    | None = None,
     exclude: Iterable[int | str] | int | str | None = None,
     run_dir: str | os.PathLike | None = None,
     lm_head: bool = False,
@@ -221,9 +264,13 @@ def quantize_model(
     base, source = resolve_recipe(recipe)
     selector = LayerSelector.build(base, overrides, exclude, num_layers=_num_layers(model))
     report = QuantizationReport(
-        recipe=base.name, recipe_source=source, backward_bypass=base.backward_bypass, backend=backend,
-        env={ENV_RECIPE: os.environ.get(ENV_RECIPE), ENV_DISABLE_BACKWARD_QUANT: os.environ.get(ENV_DISABLE_BACKWARD_QUANT)},
-        recipe_spec=base.to_dict(), versions=_versions(),
+        recipe=base.name,
+        recipe_source=source,
+        backward_bypass=base.backward_bypass,
+        backend=backend,
+        env={k: os.environ.get(k) for k in (ENV_RECIPE, ENV_DISABLE_BACKWARD_QUANT)},
+        recipe_spec=base.to_dict(),
+        versions=_versions(),
     )
 
     targets: list[tuple[str, nn.Module]] = []
@@ -233,33 +280,7 @@ def quantize_model(
         if isinstance(module, nn.Linear) or is_fused_experts(module):
             targets.append((name, module))
     for name, module in targets:
-        kind = "GroupedExperts" if is_fused_experts(module) else "Linear"
-        params = module.gate_up_proj.numel() + module.down_proj.numel() if kind == "GroupedExperts" \
-            else module.weight.numel()
-
-        def entry(status: str, r: PrecisionRecipe | None, reason: str) -> LayerEntry:
-            if r is None or status != "quantized":
-                return LayerEntry(name, kind, status, "bf16", params, "bf16", "bf16", reason)
-            return LayerEntry(name, kind, status, r.name, params, r.forward_precision, r.backward_precision, reason)
-
-        if name.split(".")[-1] == "lm_head" and not lm_head:
-            report.layers.append(entry("bf16", None, "lm_head stays BF16 (pass lm_head=True to quantize it)"))
-            continue
-        r, why = selector.select(name)
-        if r is None or not r.quantized:
-            report.layers.append(entry("bf16", None, why if r is None else f"{why}: recipe {r.name} is BF16"))
-            continue
-        try:
-            if kind == "GroupedExperts":
-                new = GroupedExperts.from_hf(module, r, backend=backend)
-            else:
-                check_features(r, module.in_features, module.out_features, name)
-                new = Linear.from_linear(module, r, backend=backend)
-        except ValueError as e:
-            report.layers.append(entry("skipped", r, f"left BF16: {e}"))
-            continue
-        _set_module(model, name, new)
-        report.layers.append(entry("quantized", r, why))
+        report.layers.append(_patch_one(model, name, module, selector, lm_head=lm_head, backend=backend))
 
     if run_dir is not None:
         report.write(run_dir)

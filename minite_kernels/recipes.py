@@ -38,8 +38,8 @@ import difflib
 import fnmatch
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 FORMATS = ("bf16", "nvfp4", "mxfp8")
 SCALINGS = {"bf16": ("none",), "nvfp4": ("per_tensor", "per_token"), "mxfp8": ("block",)}
@@ -92,7 +92,9 @@ class OperandSpec:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise RecipeError(f"OperandSpec.format={self.format!r} is unknown; {_closest(str(self.format), FORMATS)}")
+            raise RecipeError(
+                f"OperandSpec.format={self.format!r} is unknown; {_closest(str(self.format), FORMATS)}"
+            )
         if self.scaling is None:
             object.__setattr__(self, "scaling", SCALINGS[self.format][0])
         if self.tile is None and self.format != "bf16":
@@ -115,7 +117,9 @@ class OperandSpec:
             )
         if self.format != "nvfp4" and (self.rht or self.stochastic_rounding):
             which = "rht" if self.rht else "stochastic_rounding"
-            raise RecipeError(f"OperandSpec.{which}=True is only valid for format 'nvfp4', not {self.format!r}")
+            raise RecipeError(
+                f"OperandSpec.{which}=True is only valid for format 'nvfp4', not {self.format!r}"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -207,7 +211,9 @@ class PrecisionRecipe:
         if not isinstance(self.name, str) or not self.name:
             raise RecipeError("PrecisionRecipe.name must be a non-empty string")
         if self.group not in GROUPS:
-            raise RecipeError(f"PrecisionRecipe.group={self.group!r} is unknown; {_closest(str(self.group), GROUPS)}")
+            raise RecipeError(
+                f"PrecisionRecipe.group={self.group!r} is unknown; {_closest(str(self.group), GROUPS)}"
+            )
         if self.backward_operands not in BACKWARD_OPERANDS:
             raise RecipeError(
                 f"PrecisionRecipe.backward_operands={self.backward_operands!r} is unknown; "
@@ -304,11 +310,11 @@ def _nv(scaling: str = "per_tensor", tile=(1, 16), rht: bool = False, sr: bool =
 
 _MX = OperandSpec("mxfp8")
 _W2D = _nv(tile=(16, 16))  # weights: 16x16 tiles, so the transposed copy is exactly the transpose
-_NVFP4_BWD = dict(  # TE NVFP4BlockScaling backward defaults: SR on grads, RHT on both wgrad operands
-    dgrad=GemmSpec(_nv(sr=True), _W2D),
-    wgrad=GemmSpec(_nv(rht=True, sr=True), _nv(rht=True)),
-)
-_MXFP8_BWD = dict(dgrad=GemmSpec(_MX, _MX), wgrad=GemmSpec(_MX, _MX))
+_NVFP4_BWD = {  # TE NVFP4BlockScaling backward defaults: SR on grads, RHT on both wgrad operands
+    "dgrad": GemmSpec(_nv(sr=True), _W2D),
+    "wgrad": GemmSpec(_nv(rht=True, sr=True), _nv(rht=True)),
+}
+_MXFP8_BWD = {"dgrad": GemmSpec(_MX, _MX), "wgrad": GemmSpec(_MX, _MX)}
 _PER_TOKEN_FPROP = GemmSpec(_nv("per_token"), _W2D)
 
 _REGISTRY: dict[str, PrecisionRecipe] = {}
@@ -326,41 +332,60 @@ def register_recipe(recipe: PrecisionRecipe, *, replace: bool = False) -> Precis
 
 for _r in (
     PrecisionRecipe(
-        "bf16", group="common", backward_operands="original",
+        "bf16",
+        group="common",
+        backward_operands="original",
         description="No quantization: the three GEMMs run in the parameter dtype (BF16 baseline).",
     ),
     PrecisionRecipe(
-        "nvfp4_per_tensor", fprop=GemmSpec(_nv(), _W2D), **_NVFP4_BWD, group="reference",
+        "nvfp4_per_tensor",
+        fprop=GemmSpec(_nv(), _W2D),
+        **_NVFP4_BWD,
+        group="reference",
         description="TE NVFP4BlockScaling defaults: per-tensor activations, 16x16 weights; NVFP4 backward with "
         "SR on gradients and RHT on the wgrad operands.",
         requires=("torch", "optional: transformer_engine>=2.20 or flashinfer on sm_100+"),
     ),
     PrecisionRecipe(
-        "nvfp4_per_token", fprop=_PER_TOKEN_FPROP, **_NVFP4_BWD, group="common",
+        "nvfp4_per_token",
+        fprop=_PER_TOKEN_FPROP,
+        **_NVFP4_BWD,
+        group="common",
         description="NVFP4 forward with per-token (row-scaled) activation amax and 16x16 weights; NVFP4 backward "
         "as TE's defaults (SR on gradients, RHT on wgrad operands). Report §5.1.",
         requires=("torch", "optional: transformer_engine>=2.20 (row_scaled_activation) on sm_100+"),
     ),
     PrecisionRecipe(
-        "nvfp4_per_token_bf16_bwd", fprop=_PER_TOKEN_FPROP, backward_operands="dequantized_forward",
+        "nvfp4_per_token_bf16_bwd",
+        fprop=_PER_TOKEN_FPROP,
+        backward_operands="dequantized_forward",
         group="common",
         description="NVFP4 per-token forward; BF16 dgrad/wgrad on operands dequantized from the forward values "
         "(TE nvfp4_row_scaled_fwd_high_precision_bwd). The default recipe.",
         requires=("torch", "optional: transformer_engine>=2.20 on sm_100+"),
     ),
     PrecisionRecipe(
-        "nvfp4_per_token_mxfp8_bwd", fprop=_PER_TOKEN_FPROP, **_MXFP8_BWD, group="experimental",
+        "nvfp4_per_token_mxfp8_bwd",
+        fprop=_PER_TOKEN_FPROP,
+        **_MXFP8_BWD,
+        group="experimental",
         description="NVFP4 per-token forward; MXFP8 (E4M3, 1x32 E8M0 blocks) dgrad/wgrad, quantized from the "
         "original high-precision operands (TE nvfp4_row_scaled_fwd_mxfp8_bwd).",
         requires=("torch", "optional: transformer_engine>=2.20 on sm_100+"),
     ),
     PrecisionRecipe(
-        "w4a16_nvfp4", fprop=GemmSpec(BF16, _nv()), backward_operands="dequantized_forward", group="common",
+        "w4a16_nvfp4",
+        fprop=GemmSpec(BF16, _nv()),
+        backward_operands="dequantized_forward",
+        group="common",
         description="Weight-only NVFP4 (1x16 blocks, per-tensor amax; the vLLM/ModelOpt W4A16 layout): activations "
         "and gradients stay BF16; dgrad uses the dequantized weight (STE, like verl's QAT w4a16).",
     ),
     PrecisionRecipe(
-        "mxfp8", fprop=GemmSpec(_MX, _MX), **_MXFP8_BWD, group="reference",
+        "mxfp8",
+        fprop=GemmSpec(_MX, _MX),
+        **_MXFP8_BWD,
+        group="reference",
         description="MXFP8 (E4M3 data, E8M0 RCEIL scale per 32 elements) for all three GEMMs, TE MXFP8BlockScaling.",
         requires=("torch", "optional: transformer_engine>=2.20 on sm_100+"),
     ),
@@ -453,7 +478,9 @@ class LayerSelector:
     def build(
         cls,
         recipe: str | PrecisionRecipe | None,
-        overrides: Mapping[str, str | PrecisionRecipe] | Iterable[tuple[str, str | PrecisionRecipe]] | None = None,
+        overrides: Mapping[str, str | PrecisionRecipe]
+        | Iterable[tuple[str, str | PrecisionRecipe]]
+        | None = None,
         exclude: Iterable[int | str] | int | str | None = None,
         num_layers: int | None = None,
         env: Mapping[str, str] | None = None,
@@ -463,7 +490,9 @@ class LayerSelector:
         ov = []
         for pattern, r in items:
             if not isinstance(pattern, str) or not pattern:
-                raise RecipeError(f"override pattern must be a non-empty string (glob or 're:regex'), got {pattern!r}")
+                raise RecipeError(
+                    f"override pattern must be a non-empty string (glob or 're:regex'), got {pattern!r}"
+                )
             if pattern.startswith("re:"):
                 try:
                     re.compile(pattern[3:])
@@ -478,9 +507,13 @@ class LayerSelector:
             excl = tuple(exclude)
         for e in excl:
             if isinstance(e, bool) or not isinstance(e, (int, str)):
-                raise RecipeError(f"exclude entries must be layer indices (int) or name patterns (str), got {e!r}")
+                raise RecipeError(
+                    f"exclude entries must be layer indices (int) or name patterns (str), got {e!r}"
+                )
             if isinstance(e, int) and num_layers is not None and not -num_layers <= e < num_layers:
-                raise RecipeError(f"exclude layer index {e} is out of range for a model with {num_layers} layers")
+                raise RecipeError(
+                    f"exclude layer index {e} is out of range for a model with {num_layers} layers"
+                )
         return cls(base, tuple(ov), excl, num_layers)
 
     def select(self, module_name: str) -> tuple[PrecisionRecipe | None, str]:

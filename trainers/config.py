@@ -4,6 +4,7 @@
 
 * ``recipe=NAME`` loads ``recipes/NAME.yaml`` (or a path to a YAML file). A recipe may start with
   ``defaults: [base]`` to inherit another recipe; later files override earlier ones.
+* ``precision=NAME`` sets ``precision.learner`` and ``precision.sampler`` together.
 * ``a.b=c`` sets an existing key (unknown key -> error naming the closest valid key); ``+a.b=c`` adds a key
   that does not exist yet (only meaningful inside free-form mappings such as ``algorithm.triage``);
   ``~a.b`` resets a key to its code default.
@@ -263,7 +264,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return str(value)
         raise ConfigError(f"{key}={value!r} must be a string")
     if _is_dc(tp):
-        return build(tp, value, key)
+        return build(tp, value, key + ".")
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
 
 
@@ -353,6 +354,20 @@ def validate(cfg: Config) -> Config:
             "the sampler kept can fall outside the learner's (differently rounded) top-p set, giving an infinite "
             "gap (verl issue #6240). Use top_p=1, top_k=-1 (the RL default); the sampler supports truncation "
             "for evaluation.")
+    for side in ("learner", "sampler"):
+        name = getattr(cfg.precision, side)
+        if name in ("bf16", "auto"):
+            continue
+        try:
+            from minite_kernels.recipes import recipe_names
+        except ImportError:  # pragma: no cover - minite_kernels ships with this project
+            break
+        valid = ["bf16", "auto"] + [n for n in recipe_names() if n != "bf16"]
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"precision.{side}={name!r} is not a precision recipe{hint}; valid choices: "
+                              + ", ".join(valid))
     if cfg.engine == "local" and cfg.precision.learner != cfg.precision.sampler:
         raise ConfigError(
             f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: "
@@ -546,6 +561,10 @@ def load_config(args: list[str] | tuple[str, ...] = ()) -> Config:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r} must look like key=value (or +key=value to add a key)")
         key, raw = ov.split("=", 1)
+        if key == "precision":  # shorthand: one precision recipe for learner and sampler
+            _set(tree, ["precision", "learner"], raw)
+            _set(tree, ["precision", "sampler"], raw)
+            continue
         plus = key.startswith("+")
         key = key.lstrip("+")
         path = key.split(".")

@@ -46,9 +46,9 @@ class AttachGrad(torch.autograd.Function):
 
 
 class Fused(NamedTuple):
-    k_neg_adv: torch.Tensor  # [B, T] g * w_tis * (-A), 0 where invalid: l-weight so that L = sum k * u
+    k_adv: torch.Tensor  # [B, T] g * w_tis * A, 0 where invalid: L = -sum k_adv * u (times row scales)
     u: torch.Tensor  # [B, T] clipped ratio (l_ppo = -A u)
-    r_active: torch.Tensor  # [B, T] r where unclipped else 0 (dl_ppo/dlogp = -A r_active)
+    r_active: torch.Tensor  # [B, T] r where unclipped else 0 (d l_ppo / d logp = -A r_active)
     gate_sum: torch.Tensor  # [B] sum_t m g
     row_tokens: torch.Tensor  # [B] sum_t m
     valid: torch.Tensor  # [B, T] bool
@@ -67,125 +67,144 @@ class Fused(NamedTuple):
 def fused_terms(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
-    sampler_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: TriageConfig,
+    *,
+    sampler_logp: torch.Tensor | None = None,
+    gap: torch.Tensor | None = None,
 ) -> Fused:
+    """Validate and run the fused pass; the gap comes from ``sampler_logp`` (``old - sampler``) or is
+    given directly as ``gap`` (e.g. ``log`` of verl's raw IS weights; values outside ``mask`` are ignored)."""
     check_logprob("logp", logp, "logp", logp)
     check_logprob("old_logp", old_logp, "logp", logp)
-    check_logprob("sampler_logp", sampler_logp, "logp", logp)
+    if (sampler_logp is None) == (gap is None):
+        raise ValueError("pass exactly one of sampler_logp or gap")
+    if sampler_logp is not None:
+        check_logprob("sampler_logp", sampler_logp, "logp", logp)
+    else:
+        check_logprob("gap", gap, "logp", logp)
     mask = as_mask(mask, "logp", logp)
     adv_in = as_advantages(advantages, "logp", logp)
     with torch.no_grad():
-        return _fused(logp.detach().float(), old_logp.detach().float(), sampler_logp.detach().float(), adv_in, mask, cfg)
+        lp, old = logp.detach().float(), old_logp.detach().float()
+        src = old - sampler_logp.detach().float() if sampler_logp is not None else gap.detach().float()
+        return _fused(lp, old, src, adv_in, mask, cfg)
 
 
-def _fused(lp, old, samp, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR0915 - one pass, on purpose
+def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR0915 - one pass, on purpose
     metrics: dict[str, torch.Tensor] = {}
-    # non-finite policy: drop tokens whose inputs are NaN/inf (a sum of finite log-probs is finite)
-    chk = lp + old
-    chk += samp
-    chk += adv
-    valid = torch.isfinite(chk).logical_and_(mask)
-    del chk
-    row_tokens = valid.sum(-1)
-    n_valid = row_tokens.sum()
-    metrics["triage/nonfinite_tokens"] = (mask.sum() - n_valid).float()
+    # non-finite policy: drop tokens whose inputs are NaN/inf. Fast path: four reductions show that
+    # everything is finite (then valid = mask); otherwise build the per-token finite mask.
+    delta = torch.where(mask, gap, 0.0)
+    x_raw = lp - old
+    total = x_raw.sum() + delta.sum() + adv.sum()
+    if bool(torch.isfinite(total)):
+        valid = mask
+        nonfinite = total.new_zeros(())
+    else:
+        chk = x_raw + delta
+        chk += adv
+        valid = torch.isfinite(chk).logical_and_(mask)
+        del chk
+        delta = torch.where(valid, delta, 0.0)
+        nonfinite = None
     a = torch.where(valid, adv, 0.0)
 
-    # gap, TIS weight
-    delta = torch.where(valid, old - samp, 0.0)
-    if cfg.tis or cfg.diagnostics:
-        dc = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        w = torch.expm1(dc)
-        if cfg.diagnostics:
-            n_all = float(delta.numel())
-            # k3 = mean_valid(exp(dc) - 1 - dc), summed per token (expm1 keeps small gaps exact); 0 on invalid
-            metrics["mismatch/k3_kl"] = (w - dc).sum() / n_valid.clamp(min=1)
-        del dc
-        w += 1.0
-        if cfg.diagnostics and cfg.tis:
-            clipped = (w >= cfg.tis_cap).sum() - (n_all - n_valid if cfg.tis_cap <= 1.0 else 0)
-        if cfg.tis:
-            w.clamp_(max=cfg.tis_cap)
-    if cfg.diagnostics:
-        if cfg.tis:
-            metrics["tis/clip_frac"] = clipped / n_valid.clamp(min=1)
-            # invalid tokens carry w = min(1, C)
-            metrics["tis/weight_mean"] = (w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)) / n_valid.clamp(min=1)
-        else:
-            metrics["tis/clip_frac"] = n_valid.float() * 0.0
-            metrics["tis/weight_mean"] = (n_valid > 0).float()
-
-    # gate (64-token segments)
+    # gate statistics (64-token segments); padding and dropped tokens have delta = 0, a = 0
     L = cfg.gate_segment_len
-    neg_gap = delta < 0
-    neg_adv = a < 0
-    sum_d = segment_sum(delta, L)
     n_seg = segment_sum(valid, L)
+    row_tokens = n_seg.sum(-1)
+    n_valid = row_tokens.sum()
+    nv = n_valid.clamp(min=1)
+    metrics["triage/nonfinite_tokens"] = nonfinite if nonfinite is not None else (mask.sum() - n_valid).float()
+    sum_d = segment_sum(delta, L)
     tail = delta < cfg.gate_tail_threshold
     if cfg.gate_tail_threshold >= 0:
         tail &= valid
     k = segment_sum(tail, L)
     del tail
     w_seg = segment_weights(sum_d / n_seg.clamp(min=1), k, cfg)
-    cond = neg_gap & neg_adv
+    neg_gap = delta < 0
+    neg_adv = a < 0
+
+    # TIS weight w = min(exp(clamp(delta)), C); k3 and TIS diagnostics from the same buffers
+    w = None
+    if cfg.tis or cfg.diagnostics:
+        n_all = float(delta.numel())
+        dc = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        w = torch.expm1(dc)
+        if cfg.diagnostics:
+            # k3 = mean_valid(exp(dc) - 1 - dc), summed per token (expm1 keeps small gaps exact); 0 on invalid
+            metrics["mismatch/k3_kl"] = (w - dc).sum() / nv
+        del dc
+        w += 1.0
+        if cfg.tis:
+            if cfg.diagnostics:
+                clipped = (w >= cfg.tis_cap).sum() - ((n_all - n_valid) if cfg.tis_cap <= 1.0 else 0)
+                metrics["tis/clip_frac"] = clipped / nv
+            w.clamp_(max=cfg.tis_cap)
+            if cfg.diagnostics:  # invalid tokens carry w = min(1, C)
+                metrics["tis/weight_mean"] = (w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)) / nv
+        else:
+            w = None
+            if cfg.diagnostics:
+                metrics["tis/clip_frac"] = nv * 0.0
+                metrics["tis/weight_mean"] = (n_valid > 0).float()
+
+    # token weight k = g * w * A (A = 0 where invalid, so k is too)
     if cfg.gate:
+        cond = neg_gap & neg_adv
         n_cond = segment_sum(cond, L)
-        gated_seg = (n_cond > 0) & (w_seg < 1.0)
+        gated = w_seg < 1.0
         # sum_t m g = n - sum_s n_cond (1 - w_seg)
         gate_sum = row_tokens - (n_cond * (1.0 - w_seg)).sum(-1)
         kw = segment_where(cond, w_seg, 1.0, L)
-        if cfg.tis:
+        del cond
+        if w is not None:
             kw *= w
+        kw *= a
     else:
         gate_sum = row_tokens.float()
-        kw = w if cfg.tis else torch.ones_like(delta)
-    kw *= a
-    kw.neg_()  # k_neg_adv = g * w * (-A); zero where invalid because A is
+        kw = w.mul_(a) if w is not None else a.clone()
+    del w
 
-    # PPO ratio, clipped ratio u and its active set
-    x = torch.where(valid, lp - old, 0.0).clamp_(-SAFETY_BOUND, SAFETY_BOUND)
-    metrics["actor/ppo_kl"] = -x.sum() / n_valid.clamp(min=1)
-    r = torch.exp(x)
-    del x
-    u_pos = r.clamp(max=1.0 + cfg.clip_ratio_high)
-    u_neg = r.clamp(min=1.0 - cfg.clip_ratio_low).clamp_(max=cfg.clip_ratio_c)
-    u = torch.where(neg_adv, u_neg, u_pos)
-    del u_pos, u_neg
+    # PPO: u = clamp(r, lo_t, hi_t) with (lo, hi) = (0, 1 + eps_hi) for A >= 0, (1 - eps_lo, c) for A < 0
+    x = torch.where(valid, x_raw, 0.0).clamp_(-SAFETY_BOUND, SAFETY_BOUND)
+    metrics["actor/ppo_kl"] = -x.sum() / nv
+    r = x.exp_()
+    lo_t = torch.where(neg_adv, 1.0 - cfg.clip_ratio_low, 0.0)
+    hi_t = torch.where(neg_adv, cfg.clip_ratio_c, 1.0 + cfg.clip_ratio_high)
+    u = torch.clamp(r, lo_t, hi_t)
+    del lo_t, hi_t
+    # verl's metrics: pg_clipfrac counts A > 0 with r > 1 + hi and A < 0 with r < 1 - lo;
+    # pg_clipfrac_lower counts A < 0 with r > c
+    n_lower = (r > cfg.clip_ratio_c).logical_and_(neg_adv).sum()
     active = u == r
-    r_active = r.mul_(active)
-    # verl's metrics: clipfrac counts A > 0 with r > 1 + hi and A < 0 with r < 1 - lo; lower counts A < 0, r > c
-    lower = (u == cfg.clip_ratio_c).logical_and_(neg_adv)
-    lower &= ~active
-    n_lower = lower.sum()
-    del lower
-    inactive_nonzero = (~active).logical_and_(a != 0)
-    metrics["actor/pg_clipfrac"] = (inactive_nonzero.sum() - n_lower) / n_valid.clamp(min=1)
-    metrics["actor/pg_clipfrac_lower"] = n_lower / n_valid.clamp(min=1)
-    del inactive_nonzero, active
+    n_clipped_nonzero = (~active).logical_and_(a != 0).sum()
+    metrics["actor/pg_clipfrac"] = (n_clipped_nonzero - n_lower) / nv
+    metrics["actor/pg_clipfrac_lower"] = n_lower / nv
+    r_active = torch.where(active, r, 0.0)
+    del r, active
 
-    # repair (128-token segments, A > 0)
+    # repair (128-token segments, A > 0; a > 0 implies valid)
     phi_sum = member = seg_coef = num_segments = num_active = None
     if cfg.repair:
         Lr = cfg.repair_segment_len
-        member = valid & (a > 0)
-        dd = torch.where(member, lp - samp, 0.0)
+        member = a > 0
         n_r = segment_sum(member, Lr)
-        gbar = segment_sum(dd, Lr) / n_r.clamp(min=1)
-        del dd
+        # current gap d = logp - sampler = (logp - old) + delta
+        gbar = segment_sum(torch.where(member, x_raw + delta, 0.0), Lr) / n_r.clamp(min=1)
         nonempty = n_r > 0
         xr = torch.where(nonempty, torch.relu(cfg.repair_boundary - gbar), 0.0)
         phi_sum = pseudo_huber(xr, cfg.repair_huber_delta).sum()
-        c = cfg.repair_huber_delta
-        dphi = xr / torch.sqrt(1.0 + (xr / c) ** 2)
+        dphi = xr / torch.sqrt(1.0 + (xr / cfg.repair_huber_delta) ** 2)
         seg_coef = torch.where(xr > 0, -dphi / n_r.clamp(min=1), 0.0)
         num_segments = nonempty.sum()
         num_active = (xr > 0).sum()
+    del x_raw
 
     if cfg.diagnostics:
-        nv = n_valid.clamp(min=1)
         metrics["mismatch/abs_gap_mean"] = torch.linalg.vector_norm(delta, ord=1) / nv
         metrics["mismatch/gap_mean"] = sum_d.sum() / nv
         negf = neg_gap.float()
@@ -204,8 +223,8 @@ def _fused(lp, old, samp, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR09
         n_seg_total = nonempty_g.sum().clamp(min=1)
         metrics["triage/tail_dense_segment_frac"] = ((k >= cfg.gate_tail_k_cap) & nonempty_g).sum() / n_seg_total
         if cfg.gate:
-            metrics["triage/gated_segment_frac"] = gated_seg.sum() / n_seg_total
-            metrics["triage/gated_token_frac"] = (n_cond * (w_seg < 1.0)).sum() / nv
+            metrics["triage/gated_segment_frac"] = ((n_cond > 0) & gated).sum() / n_seg_total
+            metrics["triage/gated_token_frac"] = (n_cond * gated).sum() / nv
             metrics["triage/mean_gate_weight"] = torch.where(n_valid > 0, gate_sum.sum() / nv, 0.0)
         else:
             metrics["triage/gated_segment_frac"] = nv * 0.0

@@ -48,10 +48,11 @@ def triage_policy_loss(
     ``triage/nonfinite_tokens`` and, with ``config.diagnostics``, every key of
     :data:`triage.diagnostics.MISMATCH_KEYS`.
     """
-    f = fused_terms(logp, old_logp, sampler_logp, advantages, mask, config)
+    f = fused_terms(logp, old_logp, advantages, mask, config, sampler_logp=sampler_logp)
     with torch.no_grad():
         rows = (f.row_tokens > 0).sum().clamp(min=1)
-        k = f.k_neg_adv.mul_((1.0 / (f.gate_sum.clamp(min=1e-30) * rows)).unsqueeze(-1))
+        # row scale -1 / (sum_t m g * #rows): the sign turns k_adv = g w A into the weight of u in l = -A u
+        k = f.k_adv.mul_((-1.0 / (f.gate_sum.clamp(min=1e-30) * rows)).unsqueeze(-1))
         pg = torch.dot(k.view(-1), f.u.view(-1))
         grad = f.r_active.mul_(k)
         total = pg

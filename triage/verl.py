@@ -198,13 +198,19 @@ def compute_policy_loss_triage(
         raise ValueError(_ROUTE_HELP)
     cfg = triage_config_from_actor(config)
     mask = response_mask.bool() if response_mask.dtype != torch.bool else response_mask
-    sampler = sampler_logp_from_weights(old_log_prob, rollout_is_weights, mask)
-    f = fused_terms(log_prob, old_log_prob, sampler, advantages, mask, cfg)
+    if tuple(rollout_is_weights.shape) != tuple(old_log_prob.shape):
+        raise ValueError(
+            f"shape mismatch: rollout_is_weights has shape {tuple(rollout_is_weights.shape)} but "
+            f"old_log_prob has shape {tuple(old_log_prob.shape)}"
+        )
+    with torch.no_grad():  # delta = old - sampler = log(w); -inf for a valid zero weight -> masked, counted
+        gap = torch.log(rollout_is_weights.detach().float())
+    f = fused_terms(log_prob, old_log_prob, advantages, mask, cfg, gap=gap)
     gbi = dict(_get(config, "global_batch_info", None) or {})
 
     with torch.no_grad():
-        # response-wise factor c_i = sum_t m / sum_t m g (TRIAGE.md §3)
-        k = f.k_neg_adv.mul_((f.row_tokens / f.gate_sum.clamp(min=1e-30)).unsqueeze(-1))
+        # response-wise factor c_i = sum_t m / sum_t m g (TRIAGE.md §3); the sign makes l = -A u
+        k = f.k_adv.mul_((-f.row_tokens / f.gate_sum.clamp(min=1e-30)).unsqueeze(-1))
         loss_mat = k * f.u
         grad = f.r_active.mul_(k)
     loss_mat = AttachGrad.apply(log_prob, loss_mat, grad)

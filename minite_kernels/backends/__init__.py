@@ -27,10 +27,10 @@ from minite_kernels.backends.base import (
 from minite_kernels.recipes import GEMM_OPERANDS, GEMMS, OperandSpec, PrecisionRecipe
 
 __all__ = [
+    "BACKEND_NAMES",
     "AutoBackend",
     "Backend",
     "BackendUnavailable",
-    "BACKEND_NAMES",
     "backend_class",
     "backend_status",
     "dequantize_operand",
@@ -46,7 +46,12 @@ _CLASSES = {
     "te": ("minite_kernels.backends.te", "TEBackend"),
     "flashinfer": ("minite_kernels.backends.flashinfer", "FlashInferBackend"),
 }
-ALIASES = {"reference": "emulated", "torch": "emulated", "transformer_engine": "te", "transformer-engine": "te"}
+ALIASES = {
+    "reference": "emulated",
+    "torch": "emulated",
+    "transformer_engine": "te",
+    "transformer-engine": "te",
+}
 
 
 def _canonical(name: str) -> str:
@@ -58,7 +63,8 @@ def _canonical(name: str) -> str:
     if key not in valid:
         match = difflib.get_close_matches(key, valid + tuple(ALIASES), n=1, cutoff=0.0)
         raise ValueError(
-            f"unknown backend {name!r}; valid: {', '.join(valid)}" + (f"; closest match: {match[0]!r}" if match else "")
+            f"unknown backend {name!r}; valid: {', '.join(valid)}"
+            + (f"; closest match: {match[0]!r}" if match else "")
         )
     return key
 
@@ -74,7 +80,9 @@ def backend_class(name: str) -> type[Backend]:
     except ModuleNotFoundError as e:
         if e.name == module_name:
             raise BackendUnavailable(f"{key}: module {module_name} is not part of this installation") from e
-        raise BackendUnavailable(f"{key}: cannot import {module_name} ({e.name or e} is not installed)") from e
+        raise BackendUnavailable(
+            f"{key}: cannot import {module_name} ({e.name or e} is not installed)"
+        ) from e
     except Exception as e:  # a broken optional dependency must not break the factory
         raise BackendUnavailable(f"{key}: importing {module_name} failed: {type(e).__name__}: {e}") from e
     cls = getattr(module, attr, None)
@@ -85,7 +93,11 @@ def backend_class(name: str) -> type[Backend]:
 
 def _device(device: Any) -> torch.device:
     if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
@@ -100,11 +112,11 @@ def backend_status(name: str, device: Any = None) -> tuple[bool, str]:
         return False, str(e)
     try:
         return cls.availability(_device(device))
-    except Exception as e:  # availability must never crash doctor
+    except Exception as e:  # noqa: BLE001 - availability must never crash doctor
         return False, f"{name}: availability check failed: {type(e).__name__}: {e}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _instance(key: str, device: torch.device) -> Backend:
     cls = backend_class(key)
     ok, why = cls.availability(device)
@@ -133,7 +145,10 @@ class AutoBackend(Backend):
         self.status: dict[str, tuple[bool, str]] = {}
         self.candidates: list[Backend] = []
         for key in BACKEND_NAMES:
-            ok, why = backend_status(key, self.device)
+            if key != "emulated" and self.device.type != "cuda":  # GPU backends are not even imported
+                ok, why = False, f"{key}: needs a CUDA device; tensors are on {self.device}"
+            else:
+                ok, why = backend_status(key, self.device)
             self.status[key] = (ok, why)
             if ok:
                 self.candidates.append(_instance(key, self.device))
@@ -150,13 +165,17 @@ class AutoBackend(Backend):
             if ok:
                 notes = [why]
                 if b.name not in ("te", "flashinfer"):
-                    native_ok, native_why = native_fp4_gate(self.device if self.device.type == "cuda" else None)
+                    native_ok, native_why = native_fp4_gate(
+                        self.device if self.device.type == "cuda" else None
+                    )
                     if not native_ok:
                         notes.append(native_why)
                 notes += refused
                 return b, "; ".join(notes)
             refused.append(f"{b.name} cannot: {why}")
-        raise BackendUnavailable(f"no backend supports {a_spec.summary()} x {b_spec.summary()}")  # pragma: no cover
+        raise BackendUnavailable(
+            f"no backend supports {a_spec.summary()} x {b_spec.summary()}"
+        )  # pragma: no cover
 
     def plan_quantize(self, spec: OperandSpec) -> Backend:
         for b in self.candidates:
@@ -171,11 +190,24 @@ class AutoBackend(Backend):
         self, a2d, b2d, a_spec, b_spec, *, out_dtype=None, b_quantized=None, generator=None, a_quantized=None
     ):
         if not a_spec.quantized and not b_spec.quantized:
-            return super().qgemm_nt(a2d, b2d, a_spec, b_spec, out_dtype=out_dtype, b_quantized=b_quantized,
-                                    a_quantized=a_quantized)
+            return super().qgemm_nt(
+                a2d,
+                b2d,
+                a_spec,
+                b_spec,
+                out_dtype=out_dtype,
+                b_quantized=b_quantized,
+                a_quantized=a_quantized,
+            )
         backend, _ = self.plan_gemm(a_spec, b_spec)
         return backend.qgemm_nt(
-            a2d, b2d, a_spec, b_spec, out_dtype=out_dtype, b_quantized=b_quantized, generator=generator,
+            a2d,
+            b2d,
+            a_spec,
+            b_spec,
+            out_dtype=out_dtype,
+            b_quantized=b_quantized,
+            generator=generator,
             a_quantized=a_quantized,
         )
 
@@ -189,8 +221,9 @@ class AutoBackend(Backend):
 def plan_recipe(recipe: PrecisionRecipe, backend: str = "auto", device: Any = None) -> list[dict]:
     """For each GEMM of ``recipe``: which backend runs it on ``device`` and why.
 
-    Returns ``[{"gemm", "operands", "spec", "backend", "reason", "ok"}, ...]``; ``ok=False`` when the
-    requested backend cannot run that GEMM.
+    Returns ``[{"gemm", "operands", "spec", "backend", "reason", "ok", "te_quantizer"}, ...]``; ``ok=False``
+    when the requested backend cannot run that GEMM; ``te_quantizer`` holds the TE quantizer arguments the
+    ``te`` backend would use for each quantized operand (None for a BF16 operand).
     """
     dev = _device(device)
     rows = []
@@ -203,8 +236,11 @@ def plan_recipe(recipe: PrecisionRecipe, backend: str = "auto", device: Any = No
         a_name, b_name = GEMM_OPERANDS[g]
         row = {"gemm": g, "operands": f"A={a_name}, B={b_name}", "spec": spec.summary()}
         if not spec.quantized:
-            row.update(backend="torch", reason="BF16 GEMM (no quantization): torch.matmul in the parameter dtype",
-                       ok=True)
+            row.update(
+                backend="torch",
+                reason="BF16 GEMM (no quantization): torch.matmul in the parameter dtype",
+                ok=True,
+            )
         elif impl is None:
             row.update(backend=_canonical(backend), reason=err, ok=False)
         elif isinstance(impl, AutoBackend):
@@ -213,6 +249,13 @@ def plan_recipe(recipe: PrecisionRecipe, backend: str = "auto", device: Any = No
         else:
             ok, why = impl.supports_gemm(spec.a, spec.b)
             row.update(backend=impl.name, reason=why, ok=ok)
+        if spec.quantized:
+            from minite_kernels.backends.te import te_quantizer_kwargs
+
+            row["te_quantizer"] = {
+                side: te_quantizer_kwargs(op) if op.quantized else None
+                for side, op in (("a", spec.a), ("b", spec.b))
+            }
         rows.append(row)
     return rows
 

@@ -94,7 +94,10 @@ def native_fp4_gate(device=None, what: str = "NVFP4 GEMMs") -> tuple[bool, str]:
     """(ok, reason) for Blackwell-only paths: CUDA present and capability >= 10.0."""
     cap = cuda_capability(device)
     if cap is None:
-        return False, f"{what} need a CUDA GPU with compute capability 10.0 (Blackwell); no CUDA device is visible"
+        return (
+            False,
+            f"{what} need a CUDA GPU with compute capability 10.0 (Blackwell); no CUDA device is visible",
+        )
     if cap < NATIVE_FP4_CAPABILITY:
         return False, f"{what} need compute capability 10.0; this GPU is {capability_str(cap)}"
     return True, f"{capability_str(cap)} has native FP4/FP8 block-scaled tensor cores"
@@ -104,7 +107,9 @@ def _check_2d(x: torch.Tensor, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(f"{what} must be 2-D [rows, K] (flatten leading dims first), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{what} must be 2-D [rows, K] (flatten leading dims first), got shape {tuple(x.shape)}"
+        )
     if not x.is_floating_point():
         raise TypeError(f"{what} must be a floating-point tensor (bf16/fp16/fp32), got {x.dtype}")
 
@@ -155,7 +160,7 @@ class Backend(abc.ABC):
         _check_2d(x2d, "quantize input")
         if not spec.quantized:
             return x2d
-        rows, k = x2d.shape
+        k = x2d.shape[1]
         if k % spec.block_k:
             raise ValueError(
                 f"{spec.summary()} needs K % {spec.block_k} == 0 along the last dim; got shape {tuple(x2d.shape)} "
@@ -186,7 +191,9 @@ class Backend(abc.ABC):
         """
         if a_quantized is not None:
             if b_quantized is None:
-                raise ValueError("qgemm_nt: a_quantized needs b_quantized too (quantize b with its spec first)")
+                raise ValueError(
+                    "qgemm_nt: a_quantized needs b_quantized too (quantize b with its spec first)"
+                )
             m, k = operand_rows_k(a_quantized)
             n, kb = operand_rows_k(b_quantized)
             if k != kb:
@@ -219,7 +226,9 @@ class Backend(abc.ABC):
 
         ok, why = self.supports_gemm(a_spec, b_spec)
         if not ok:
-            raise BackendUnavailable(f"backend {self.name!r} cannot run {a_spec.summary()} x {b_spec.summary()}: {why}")
+            raise BackendUnavailable(
+                f"backend {self.name!r} cannot run {a_spec.summary()} x {b_spec.summary()}: {why}"
+            )
 
         kp = _round_up(k, max(a_spec.block_k, b_spec.block_k))
         qa = self.quantize(_pad_to(a2d, m, kp), a_spec, generator=generator)

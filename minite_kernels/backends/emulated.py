@@ -23,7 +23,10 @@ class EmulatedBackend(Backend):
 
     @classmethod
     def availability(cls, device=None) -> tuple[bool, str]:
-        return True, "emulated: pure PyTorch reference (quantize -> dequantize -> FP32 matmul), runs everywhere"
+        return (
+            True,
+            "emulated: pure PyTorch reference (quantize -> dequantize -> FP32 matmul), runs everywhere",
+        )
 
     def supports_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
         return True, "emulated: quantize -> dequantize -> FP32 matmul (reference numerics)"
@@ -42,7 +45,9 @@ class EmulatedBackend(Backend):
             )
         if spec.format == "mxfp8":
             return formats.quantize_mxfp8(x2d, block=spec.tile[1])
-        raise ValueError(f"emulated backend: cannot quantize format {spec.format!r}")  # bf16 never reaches here
+        raise ValueError(
+            f"emulated backend: cannot quantize format {spec.format!r}"
+        )  # bf16 never reaches here
 
     def _gemm(self, qa, qb, a_spec, b_spec, *, out_dtype: torch.dtype) -> torch.Tensor:
         a = dequantize_operand(qa, torch.float32)

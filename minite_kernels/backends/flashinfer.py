@@ -16,7 +16,7 @@ tested against the emulated backend without the hardware.
 Numerics: FlashInfer's default quantizer uses fast-math reciprocals and is not bit-exact with TE; setting
 ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH=1`` (done here before FlashInfer is imported, and checked by
 ``availability``) selects IEEE division, meant to match TE. Only per-tensor, 1x16, round-to-nearest,
-no-RHT operands are quantized by FlashInfer; the rest (16x16 weights, SR, RHT, per-token) are quantized by
+no-RHT bf16/fp16 operands are quantized by FlashInfer; the rest (16x16 weights, SR, RHT, per-token) are quantized by
 the exact ``formats`` reference: the GEMM only sees E2M1 codes and E4M3 scales, whatever chose them.
 
 Gate: capability >= 10.0. ``fp4_quantize`` has no capability check and **silently returns zeros on
@@ -110,7 +110,7 @@ class FlashInferBackend(Backend):
             )
         try:
             import flashinfer  # noqa: F401
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - ImportError, or a JIT/CUDA failure inside flashinfer
             return False, (
                 f"flashinfer: flashinfer is not importable ({type(e).__name__}: {e}); "
                 "install with pip install 'minite-rl[blackwell]'"
@@ -119,8 +119,13 @@ class FlashInferBackend(Backend):
 
     @staticmethod
     def _native_quantize(spec: OperandSpec) -> bool:
-        return (spec.format == "nvfp4" and spec.scaling == "per_tensor" and spec.tile == (1, 16)
-                and not spec.rht and not spec.stochastic_rounding)
+        return (
+            spec.format == "nvfp4"
+            and spec.scaling == "per_tensor"
+            and spec.tile == (1, 16)
+            and not spec.rht
+            and not spec.stochastic_rounding
+        )
 
     def supports_quantize(self, spec: OperandSpec) -> tuple[bool, str]:
         if spec.format != "nvfp4":
@@ -136,20 +141,27 @@ class FlashInferBackend(Backend):
     def _quantize(self, x2d: torch.Tensor, spec: OperandSpec, *, generator=None) -> QuantizedOperand:
         from minite_kernels import formats
 
-        if not self._native_quantize(spec):
+        if not self._native_quantize(spec) or x2d.dtype not in (torch.bfloat16, torch.float16):
             return formats.quantize_nvfp4(
-                x2d, scaling=spec.scaling, tile=spec.tile,
-                rounding="stochastic" if spec.stochastic_rounding else "nearest", rht=spec.rht, generator=generator,
+                x2d,
+                scaling=spec.scaling,
+                tile=spec.tile,
+                rounding="stochastic" if spec.stochastic_rounding else "nearest",
+                rht=spec.rht,
+                generator=generator,
             )
         import flashinfer
 
         m, k = x2d.shape
         amax = x2d.detach().abs().amax().float().reshape(1)
         gs = formats.global_encode_scale(amax)
-        data, sf = flashinfer.nvfp4_quantize(x2d, gs, sfLayout=flashinfer.SfLayout.layout_128x4, do_shuffle=False)
+        data, sf = flashinfer.nvfp4_quantize(
+            x2d, gs, sfLayout=flashinfer.SfLayout.layout_128x4, do_shuffle=False
+        )
         scales = formats.unswizzle_scales_128x4(sf.view(torch.uint8), m, k // 16).view(torch.float8_e4m3fn)
-        return formats.NVFP4Tensor(data=data.view(torch.uint8), scales=scales, amax=amax, shape=x2d.shape,
-                                   orig_dtype=x2d.dtype)
+        return formats.NVFP4Tensor(
+            data=data.view(torch.uint8), scales=scales, amax=amax, shape=x2d.shape, orig_dtype=x2d.dtype
+        )
 
     def _gemm(self, qa, qb, a_spec, b_spec, *, out_dtype: torch.dtype) -> torch.Tensor:
         import flashinfer
@@ -157,7 +169,15 @@ class FlashInferBackend(Backend):
         args = mm_fp4_arguments(qa, qb)
         # mm_fp4 writes bf16 (its documented output dtype); per-token amaxes are applied after, in fp32
         out = flashinfer.mm_fp4(
-            args["a"], args["b"], args["a_descale"], args["b_descale"], args["alpha"], torch.bfloat16,
-            block_size=16, use_8x4_sf_layout=False, backend="cutlass", use_nvfp4=True,
+            args["a"],
+            args["b"],
+            args["a_descale"],
+            args["b_descale"],
+            args["alpha"],
+            torch.bfloat16,
+            block_size=16,
+            use_8x4_sf_layout=False,
+            backend="cutlass",
+            use_nvfp4=True,
         )
         return apply_output_scales(out.float(), args).to(out_dtype)

@@ -45,7 +45,9 @@ def pad_scales_for_te(scales: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def scales_from_te(scale_inv: torch.Tensor, m: int, kb: int, *, swizzled: bool, dtype: torch.dtype) -> torch.Tensor:
+def scales_from_te(
+    scale_inv: torch.Tensor, m: int, kb: int, *, swizzled: bool, dtype: torch.dtype
+) -> torch.Tensor:
     """TE scale buffer (compact or GEMM-swizzled, padded) → canonical ``[M, Kb]`` in ``dtype``'s bytes."""
     from minite_kernels.formats import unswizzle_scales_128x4
 
@@ -55,6 +57,27 @@ def scales_from_te(scale_inv: torch.Tensor, m: int, kb: int, *, swizzled: bool, 
     else:
         out = raw.reshape(-1, raw.shape[-1])[:m, :kb].contiguous()
     return out.view(dtype)
+
+
+def te_quantizer_kwargs(spec: OperandSpec) -> dict:
+    """Keyword arguments of TE's quantizer for one of our operands (report §7.3: doctor shows them).
+
+    NVFP4 → ``NVFP4Quantizer(**kwargs)``; MXFP8 → ``MXFP8Quantizer(tex.DType.kFloat8E4M3, **kwargs)``.
+    An RHT operand is TE's column-wise copy of the transposed tensor (see the module docstring).
+    """
+    if spec.format == "mxfp8":
+        return {"rowwise": True, "columnwise": False}
+    if spec.format != "nvfp4":
+        raise ValueError(f"TE quantizes nvfp4/mxfp8 operands, not {spec.format!r}")
+    return {
+        "rowwise": not spec.rht,
+        "columnwise": spec.rht,
+        "with_rht": spec.rht,
+        "with_post_rht_amax": spec.rht,
+        "with_2d_quantization": spec.tile == (16, 16),
+        "stochastic_rounding": spec.stochastic_rounding,
+        "row_scaled_nvfp4": spec.scaling == "per_token",
+    }
 
 
 class TEBackend(Backend):
@@ -68,7 +91,7 @@ class TEBackend(Backend):
         try:
             import transformer_engine.pytorch  # noqa: F401
             import transformer_engine_torch  # noqa: F401
-        except Exception as e:  # ImportError, or a CUDA/ABI mismatch inside TE
+        except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA/ABI mismatch inside TE
             return False, (
                 f"te: transformer_engine.pytorch is not importable ({type(e).__name__}: {e}); "
                 "install with pip install 'minite-rl[blackwell]'"
@@ -99,24 +122,23 @@ class TEBackend(Backend):
 
         m, k = x2d.shape
         if spec.format == "mxfp8":
-            q = MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)
+            q = MXFP8Quantizer(tex.DType.kFloat8E4M3, **te_quantizer_kwargs(spec))
             q.internal = True
             t = q(x2d)
             scales = scales_from_te(
-                t._rowwise_scale_inv, m, k // 32, swizzled=bool(t._with_gemm_swizzled_scales), dtype=torch.uint8
+                t._rowwise_scale_inv,
+                m,
+                k // 32,
+                swizzled=bool(t._with_gemm_swizzled_scales),
+                dtype=torch.uint8,
             )
-            return MXFP8Tensor(data=t._rowwise_data.view(torch.float8_e4m3fn), scales=scales, shape=x2d.shape,
-                               orig_dtype=x2d.dtype)
-        per_token = spec.scaling == "per_token"
-        q = NVFP4Quantizer(
-            rowwise=not spec.rht,
-            columnwise=spec.rht,
-            with_rht=spec.rht,
-            with_post_rht_amax=spec.rht,
-            with_2d_quantization=spec.tile == (16, 16),
-            stochastic_rounding=spec.stochastic_rounding,
-            row_scaled_nvfp4=per_token,
-        )
+            return MXFP8Tensor(
+                data=t._rowwise_data.view(torch.float8_e4m3fn),
+                scales=scales,
+                shape=x2d.shape,
+                orig_dtype=x2d.dtype,
+            )
+        q = NVFP4Quantizer(**te_quantizer_kwargs(spec))
         q.internal = True
         if spec.rht:  # TE's column copy of x2d.T is x2d quantized along K after the RHT (bf16 transform)
             t = q(x2d.t().contiguous().to(torch.bfloat16))
@@ -128,9 +150,15 @@ class TEBackend(Backend):
             scale_inv, m, k // 16, swizzled=bool(t._with_gemm_swizzled_scales), dtype=torch.float8_e4m3fn
         )
         return NVFP4Tensor(
-            data=data.reshape(m, k // 2), scales=scales, amax=amax.reshape(-1).float(), shape=x2d.shape,
-            scaling=spec.scaling, tile=spec.tile,
-            rounding="stochastic" if spec.stochastic_rounding else "nearest", rht=spec.rht, orig_dtype=x2d.dtype,
+            data=data.reshape(m, k // 2),
+            scales=scales,
+            amax=amax.reshape(-1).float(),
+            shape=x2d.shape,
+            scaling=spec.scaling,
+            tile=spec.tile,
+            rounding="stochastic" if spec.stochastic_rounding else "nearest",
+            rht=spec.rht,
+            orig_dtype=x2d.dtype,
         )
 
     # --- GEMM ------------------------------------------------------------------------------------
@@ -144,14 +172,24 @@ class TEBackend(Backend):
 
         if isinstance(q, MXFP8Tensor):
             return MXFP8TensorStorage(
-                rowwise_data=q.data.view(torch.uint8), rowwise_scale_inv=pad_scales_for_te(q.scales),
-                columnwise_data=None, columnwise_scale_inv=None, fp8_dtype=tex.DType.kFloat8E4M3,
-                quantizer=None, with_gemm_swizzled_scales=False,
+                rowwise_data=q.data.view(torch.uint8),
+                rowwise_scale_inv=pad_scales_for_te(q.scales),
+                columnwise_data=None,
+                columnwise_scale_inv=None,
+                fp8_dtype=tex.DType.kFloat8E4M3,
+                quantizer=None,
+                with_gemm_swizzled_scales=False,
             )
         return NVFP4TensorStorage(
-            rowwise_data=q.data, rowwise_scale_inv=pad_scales_for_te(q.scales), columnwise_data=None,
-            columnwise_scale_inv=None, amax_rowwise=q.amax.reshape(-1).float(), amax_columnwise=None,
-            fp4_dtype=tex.DType.kFloat4E2M1, quantizer=None, with_gemm_swizzled_scales=False,
+            rowwise_data=q.data,
+            rowwise_scale_inv=pad_scales_for_te(q.scales),
+            columnwise_data=None,
+            columnwise_scale_inv=None,
+            amax_rowwise=q.amax.reshape(-1).float(),
+            amax_columnwise=None,
+            fp4_dtype=tex.DType.kFloat4E2M1,
+            quantizer=None,
+            with_gemm_swizzled_scales=False,
             row_scaled_nvfp4=q.scaling == "per_token",
         )
 

@@ -1,7 +1,7 @@
 """Exact NVFP4 / MXFP8 numerics in pure PyTorch (CPU-exact; the reference every fast path is tested against).
 
 Report §2.2 (NVFP4 encoding and two-level scaling, ``x̂ = q · s_b · s_g``) and §5.1 (per-token outer scale);
-the formulas are TE's, from ``/work/shared/notes/nvfp4-numerics.md`` §1–§2 and §7, restated in each module:
+the formulas are TE's reference numerics (project notes "nvfp4-numerics" §1–§2 and §7), restated in each module:
 
 - ``e2m1``: FP4 E2M1 codes (RNE with TE's tie table), decode table, nibble packing (even element low).
 - ``e4m3``: saturating E4M3 cast (clamp to ±448 before the cast) and decode.
@@ -15,13 +15,19 @@ the formulas are TE's, from ``/work/shared/notes/nvfp4-numerics.md`` §1–§2 a
 Worked example (notes §1.9): with tensor amax 10 and block amax 6.3 the block scale is E4M3 288 (byte 0x79),
 ``x = 1.0`` is stored as code 2 and decodes to ``2 * 0.5 * 288 * 10 / 2688 = 1.0714285``.
 """
+
 from __future__ import annotations
 
 from .e2m1 import E2M1_MAX, E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_table, pack_nibbles, unpack_nibbles
 from .e4m3 import E4M3_MAX, e4m3_cast, e4m3_decode, e4m3_table
 from .e8m0 import e8m0_decode, e8m0_encode_rceil, e8m0_inverse
-from .mxfp8 import MXFP8Tensor, quantize_mxfp8
+from .mxfp8 import MXFP8_BLOCK, MXFP8Tensor, quantize_mxfp8
 from .nvfp4 import (
+    FLT_MAX,
+    NVFP4_BLOCK,
+    ROUNDINGS,
+    SCALINGS,
+    TILES,
     NVFP4Tensor,
     block_scales,
     dequant_factor,
@@ -36,7 +42,13 @@ __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
     "E4M3_MAX",
+    "FLT_MAX",
+    "MXFP8_BLOCK",
+    "NVFP4_BLOCK",
     "RHT_SIGNS",
+    "ROUNDINGS",
+    "SCALINGS",
+    "TILES",
     "MXFP8Tensor",
     "NVFP4Tensor",
     "apply_rht",

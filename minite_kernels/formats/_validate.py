@@ -1,4 +1,5 @@
 """Input validation shared by the quantizers: clear errors that name the problem and the valid choices."""
+
 from __future__ import annotations
 
 import difflib
@@ -41,11 +42,13 @@ def as_rows(x: torch.Tensor, block: int, what: str) -> torch.Tensor:
     Raises ValueError when K (the last dim) is zero or not a multiple of ``block``.
     """
     if x.dim() == 0:
-        raise ValueError(f"{what} needs at least 1 dimension (quantization runs along the last dim K); got a scalar")
+        raise ValueError(
+            f"{what} needs at least 1 dimension (quantization runs along the last dim K); got a scalar"
+        )
     k = x.shape[-1]
     if k == 0 or k % block != 0:
         raise ValueError(
             f"{what}: K={k} (the last dim of shape {tuple(x.shape)}) must be a positive multiple of {block} "
             f"(one scale per {block} consecutive elements); pad K to {max(block, -(-k // block) * block)}"
         )
-    return x.reshape(-1, k).to(torch.float32)
+    return x.reshape(-1, k).to(torch.float32).contiguous()

@@ -19,19 +19,40 @@ FlashInfer and vLLM agree).
 Worked example: ``e2m1_encode(tensor([0.25, 0.75, 2.5, -5.5, -0.1]))`` gives codes ``[0, 2, 4, 15, 8]``;
 ``pack_nibbles`` of codes ``[0, 8, 1, 1]`` gives bytes ``[0x80, 0x11]``.
 """
+
 from __future__ import annotations
 
 import torch
 
 #: Decoded value of each 4-bit code (index = code); code 8 is -0.0.
 E2M1_VALUES: tuple[float, ...] = (
-    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
 )
 E2M1_MAX = 6.0
 #: Rounding thresholds on |v|, with whether the threshold itself rounds up (True: ``>=``; False: ``>``).
 E2M1_THRESHOLDS: tuple[tuple[float, bool], ...] = (
-    (0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False),
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
 )
 
 

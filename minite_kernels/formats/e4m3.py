@@ -10,6 +10,7 @@ the H200), while the TE kernels use ``satfinite`` conversions. NaN stays NaN.
 Worked values: 449 -> 448, 500 -> 448, 272 -> 256 (tie, even), 304 -> 320 (tie, even),
 2^-10 -> 0 (tie between 0 and 2^-9), 1.5*2^-9 -> 2^-8, 282.24 -> 288 (byte 0x79).
 """
+
 from __future__ import annotations
 
 import torch

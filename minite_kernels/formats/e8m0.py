@@ -10,6 +10,7 @@ Blackwell ``cvt.rp.satfinite.ue8m0x2.f32``; not the OCP FLOOR rule) by reading t
 Worked values for ``v = fp32(amax * fl(1/448))`` (block amax -> b, scale):
 5.0 -> 121, 2^-6;  448 -> 127, 1;  448.5 -> 128, 2;  1.0 -> 119, 2^-8;  0.001 -> 109, 2^-18;  0 -> 0, 2^-127.
 """
+
 from __future__ import annotations
 
 import torch

@@ -21,9 +21,10 @@ unaffected.
 Worked values (block amax -> scale byte, scale): 5.0 -> 121, 2^-6 (5.0 is stored as 320);
 448 -> 127, 1; 448.5 -> 128, 2; 1.0 -> 119, 2^-8; 0.001 -> 109, 2^-18 (0.001 is stored as 256); 0 -> 0, 2^-127.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,6 +45,10 @@ class MXFP8Tensor:
     orig_dtype: torch.dtype = torch.float32
     block: int = MXFP8_BLOCK
 
+    def to(self, device: torch.device | str) -> MXFP8Tensor:
+        """A copy with every tensor moved to ``device``."""
+        return replace(self, data=self.data.to(device), scales=self.scales.to(device))
+
     @property
     def nonfinite_blocks(self) -> torch.Tensor:
         """Bool [M, K//32]: blocks poisoned by a NaN/Inf input (scale byte 255)."""
@@ -60,7 +65,9 @@ class MXFP8Tensor:
         return (q * self.scales_f32().unsqueeze(-1)).reshape(self.shape).to(dtype)
 
     def __repr__(self) -> str:
-        return f"MXFP8Tensor(shape={tuple(self.shape)}, orig_dtype={self.orig_dtype}, device={self.data.device})"
+        return (
+            f"MXFP8Tensor(shape={tuple(self.shape)}, orig_dtype={self.orig_dtype}, device={self.data.device})"
+        )
 
 
 def quantize_mxfp8(x: torch.Tensor, *, block: int = MXFP8_BLOCK) -> MXFP8Tensor:
@@ -83,4 +90,6 @@ def quantize_mxfp8(x: torch.Tensor, *, block: int = MXFP8_BLOCK) -> MXFP8Tensor:
     b = torch.where(bad, torch.full((), E8M0_NAN, dtype=torch.uint8, device=x2.device), b)
     q = torch.where(bad.unsqueeze(-1), torch.full((), float("nan"), device=x2.device), q.to(torch.float32))
     q = q.to(torch.float8_e4m3fn)  # exact: q already holds E4M3 values (or NaN)
-    return MXFP8Tensor(data=q.view(m, k), scales=b.contiguous(), shape=orig_shape, orig_dtype=orig_dtype, block=block)
+    return MXFP8Tensor(
+        data=q.view(m, k), scales=b.contiguous(), shape=orig_shape, orig_dtype=orig_dtype, block=block
+    )

@@ -50,9 +50,10 @@ pre = 282.23999 -> s_b = 288 (byte 0x79), enc = 0.93333328; x = 1.0 -> 0.9333 ->
 x = -3.1 -> code 13 -> x̂ = -3.214286. The 16 values 0.1, -0.25, 0.3, 0.75, 1.0, -1.3, 2.0, 2.5, -3.1, 3.5,
 4.2, -5.0, 5.9, 0.0, -0.01, 6.3 pack to bytes ``80 11 a2 44 5d e6 07 78``.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -135,6 +136,16 @@ class NVFP4Tensor:
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+    def to(self, device: torch.device | str) -> NVFP4Tensor:
+        """A copy with every tensor moved to ``device``."""
+        return replace(
+            self,
+            data=self.data.to(device),
+            scales=self.scales.to(device),
+            amax=self.amax.to(device),
+            nonfinite=self.nonfinite.to(device),
+        )
 
     def codes(self) -> torch.Tensor:
         """Unpacked E2M1 codes, uint8 [M, K]."""
@@ -246,7 +257,9 @@ def quantize_nvfp4(
         row_bad = bad.expand(m) if scaling == "per_tensor" else bad
         codes = torch.where(row_bad.view(m, 1), torch.zeros((), dtype=torch.uint8, device=dev), codes)
         s_bytes = s_b.view(torch.uint8)
-        s_bytes = torch.where(row_bad.view(m, 1), torch.full((), _E4M3_NAN_BYTE, dtype=torch.uint8, device=dev), s_bytes)
+        s_bytes = torch.where(
+            row_bad.view(m, 1), torch.full((), _E4M3_NAN_BYTE, dtype=torch.uint8, device=dev), s_bytes
+        )
         s_b = s_bytes.view(torch.float8_e4m3fn)
         amax = torch.where(bad, _f32(float("nan"), dev), amax)
 

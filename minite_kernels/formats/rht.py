@@ -9,13 +9,16 @@ R is orthogonal (R Rᵀ = I) and exact in bf16 (entries ±1/4). The transform ac
 of 16: ``y[..., 16c:16c+16] = x[..., 16c:16c+16] @ R = (chunk ⊙ s) @ H16 / 4``.
 
 TE builds R in bf16 and runs a bf16 matmul, so the output is rounded to bf16 *before* amax and quantization.
-We reproduce that deterministically on every device: the input is rounded to bf16, multiplied by R with
-fp32 accumulation (every product is exact; the sum of 16 bf16-valued terms is exact in fp32 unless their
-exponents span more than ~16 binades), and the result is rounded once to bf16 — a bf16 GEMM with fp32
-accumulation. In a wgrad GEMM ``dW = (dYᵀB)(XᵀB)ᵀ`` with ``B = blockdiag(R)`` the transforms cancel.
+We define it device-independently: the input is rounded to bf16, multiplied by R in fp64 (every product
+±x/4 is exact and a sum of 16 such terms is exact in fp64), and the exact result is rounded to fp32 and then
+to bf16 — what a bf16 GEMM with an fp32 accumulator (TE, a Triton kernel) produces whenever its fp32 partial
+sums are exact, i.e. unless the 16 inputs of a chunk span more than ~16 binades (on heavy-tailed data
+torch's CPU bf16 matmul differed from this in 1 of 65536 outputs).
+In a wgrad GEMM ``dW = (dYᵀB)(XᵀB)ᵀ`` with ``B = blockdiag(R)`` the transforms cancel.
 
 Worked example: x = e_0 (1 then fifteen 0s) gives y = R[0] = s_0 · H16[0] / 4 = sixteen 0.25s.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,9 +49,9 @@ def apply_rht(x: torch.Tensor) -> torch.Tensor:
     k = x.shape[-1]
     if k % RHT_SIZE:
         raise ValueError(f"RHT needs the last dim K={k} to be a multiple of {RHT_SIZE}")
-    xb = x.to(torch.bfloat16).to(torch.float32).reshape(*x.shape[:-1], k // RHT_SIZE, RHT_SIZE)
-    y = torch.matmul(xb, rht_matrix(torch.float32, x.device))
-    return y.reshape(x.shape).to(torch.bfloat16)
+    xb = x.to(torch.bfloat16).to(torch.float64).reshape(*x.shape[:-1], k // RHT_SIZE, RHT_SIZE)
+    y = torch.matmul(xb, rht_matrix(torch.float64, x.device))
+    return y.reshape(x.shape).to(torch.float32).to(torch.bfloat16)
 
 
 def inverse_rht(y: torch.Tensor) -> torch.Tensor:

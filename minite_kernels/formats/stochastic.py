@@ -15,6 +15,7 @@ Philox bits) is not reproducible bit-for-bit outside TE; test it statistically.
 Worked example: v = 1.2 (lo = 1, step = .5, f = .4): r8 >= 154 gives t >= 1.5 -> 1.5, else 1.0;
 P(1.5) = 102/256, mean = 1.19921875.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,10 @@ def random_bytes(
 
 
 def _step(a: torch.Tensor) -> torch.Tensor:
-    return torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0)).to(torch.float32)
+    """Grid step at fp32 ``a`` in [0, 8): 0.5 below 2, 1 on [2, 4), 2 on [4, 8) = 2^(max(exponent(a), 0) - 1),
+    read from the exponent bits (cheaper than nested ``where``)."""
+    e = (a.contiguous().view(torch.int32) >> 23).clamp_(min=127)
+    return ((e - 1) << 23).view(torch.float32)
 
 
 def e2m1_round_stochastic(v: torch.Tensor, rbits: torch.Tensor) -> torch.Tensor:
@@ -45,7 +49,7 @@ def e2m1_round_stochastic(v: torch.Tensor, rbits: torch.Tensor) -> torch.Tensor:
     t = a + u * _step(a)
     st = _step(t)
     q = torch.clamp(torch.floor(t / st) * st, max=E2M1_MAX)
-    return torch.where(v < 0, -q, q)
+    return torch.copysign(q, v)
 
 
 def e2m1_encode_stochastic(v: torch.Tensor, rbits: torch.Tensor) -> torch.Tensor:

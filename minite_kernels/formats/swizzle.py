@@ -12,6 +12,7 @@ i.e. the padded matrix viewed as ``(Mp/128, 4, 32, Kbp/4, 4)`` is permuted to ``
 Worked example: M=130, Kb=7 -> padded to [256, 8]; scale (m=33, kb=6) lands at flat index
 0*2*512 + 1*512 + 1*16 + 1*4 + 2 = 534, i.e. row 66, column 6 of the swizzled [256, 8] tensor.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,9 @@ def swizzle_scales_128x4(scales: torch.Tensor) -> torch.Tensor:
     if scales.dim() != 2:
         raise ValueError(f"swizzle_scales_128x4 expects 2-D scales [M, Kb], got shape {tuple(scales.shape)}")
     if scales.element_size() != 1:
-        raise TypeError(f"swizzle_scales_128x4 expects 1-byte scales (float8_e4m3fn or uint8), got {scales.dtype}")
+        raise TypeError(
+            f"swizzle_scales_128x4 expects 1-byte scales (float8_e4m3fn or uint8), got {scales.dtype}"
+        )
     m, kb = scales.shape
     mp, kbp = swizzled_shape(m, kb)
     raw = scales.contiguous().view(torch.uint8)

@@ -28,8 +28,9 @@ in-place update bumps ``_version``): that is the "weight sync" re-quantization.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -59,6 +60,10 @@ class WeightCache:
         self.misses += 1
         return value
 
+    def put(self, key: Any, weight: torch.Tensor, value: Any) -> None:
+        """Store a value made elsewhere (e.g. a batched weight-sync re-quantizer) for the current weight."""
+        self._entries[key] = (self._token(weight), value)
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -86,7 +91,9 @@ def _pack(q) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
     if isinstance(q, torch.Tensor):
         return [q], lambda ts: ts[0]
     cls = type(q)
-    names = [n for n in ("data", "scales", "amax", "nonfinite") if isinstance(getattr(q, n, None), torch.Tensor)]
+    names = [
+        n for n in ("data", "scales", "amax", "nonfinite") if isinstance(getattr(q, n, None), torch.Tensor)
+    ]
     tensors = [getattr(q, n) for n in names]
     static = {
         f.name: getattr(q, f.name)
@@ -119,18 +126,27 @@ def _fprop_weight(state: QLinearState, weight: torch.Tensor, g: int):
 
 
 def _backward_weight(state: QLinearState, weight: torch.Tensor, g: int):
-    """The dgrad B operand ``W_bᵀ`` [K, N], quantized per ``dgrad.b`` (cached: it depends only on W)."""
+    """The dgrad B operand ``W_bᵀ`` [K, N], quantized per ``dgrad.b``.
+
+    Quantized results are cached (they depend only on W, like TE's cached weight column copy). A BF16
+    operand is never cached: the dequantized forward weight is rebuilt from the cached quantized one at
+    each backward, so no full-size high-precision weight copy stays alive between steps.
+    """
     r = state.recipe
     spec = r.dgrad.b
 
-    def make():
+    def source() -> torch.Tensor:
         if r.backward_operands == "dequantized_forward" and r.fprop.b.quantized:
-            w = dequantize_operand(_fprop_weight(state, weight, g), weight.dtype)
-        else:
-            w = _weight_operands(state, weight, g)
-        return _quantize(state.backend, w.t(), spec, None) if spec.quantized else w.t()
+            return dequantize_operand(_fprop_weight(state, weight, g), weight.dtype)
+        return _weight_operands(state, weight, g)
 
-    return state.cache.get(("dgrad", spec, r.backward_operands, g), weight, make)
+    if not spec.quantized:
+        return source().t()
+    return state.cache.get(
+        ("dgrad", spec, r.backward_operands, g),
+        weight,
+        lambda: _quantize(state.backend, source().t(), spec, None),
+    )
 
 
 def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -141,7 +157,7 @@ def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias:
     outs, qxs = [], []
     start = 0
     for g, m in enumerate(state.splits):
-        xg = x2d[start:start + m]
+        xg = x2d[start : start + m]
         start += m
         if m == 0:
             outs.append(x2d.new_zeros((0, n)))
@@ -201,7 +217,7 @@ class _QLinearFunction(torch.autograd.Function):
             xs = []
             start = 0
             for m in state.splits:
-                xs.append(x2d[start:start + m])
+                xs.append(x2d[start : start + m])
                 start += m
         else:
             xs, i = [], 0
@@ -209,14 +225,14 @@ class _QLinearFunction(torch.autograd.Function):
                 if rb is None:
                     xs.append(None)
                     continue
-                xs.append(dequantize_operand(rb(list(rest[i:i + c])), ctx.x_dtype))
+                xs.append(dequantize_operand(rb(list(rest[i : i + c])), ctx.x_dtype))
                 i += c
 
         dxs, dws = [], []
         start = 0
         n, k = weight.shape[-2], weight.shape[-1]
         for g, m in enumerate(state.splits):
-            dyg = dy2d[start:start + m]
+            dyg = dy2d[start : start + m]
             start += m
             if m == 0:
                 dxs.append(dy2d.new_zeros((0, k), dtype=ctx.x_dtype))
@@ -224,9 +240,17 @@ class _QLinearFunction(torch.autograd.Function):
                 continue
             if need_dx:
                 wt = _backward_weight(state, weight, g)
-                dxs.append(backend.qgemm_nt(
-                    dyg, None, r.dgrad.a, r.dgrad.b, b_quantized=wt, out_dtype=ctx.x_dtype, generator=state.generator
-                ))
+                dxs.append(
+                    backend.qgemm_nt(
+                        dyg,
+                        None,
+                        r.dgrad.a,
+                        r.dgrad.b,
+                        b_quantized=wt,
+                        out_dtype=ctx.x_dtype,
+                        generator=state.generator,
+                    )
+                )
             if need_dw:
                 a = dyg.t()
                 b = xs[g].t()
@@ -234,9 +258,11 @@ class _QLinearFunction(torch.autograd.Function):
                     a = a.contiguous()
                 if r.wgrad.b.quantized:
                     b = b.contiguous()
-                dws.append(backend.qgemm_nt(
-                    a, b, r.wgrad.a, r.wgrad.b, out_dtype=weight.dtype, generator=state.generator
-                ))
+                dws.append(
+                    backend.qgemm_nt(
+                        a, b, r.wgrad.a, r.wgrad.b, out_dtype=weight.dtype, generator=state.generator
+                    )
+                )
         dx = (dxs[0] if len(dxs) == 1 else torch.cat(dxs, dim=0)) if need_dx else None
         dw = None
         if need_dw:
@@ -257,7 +283,9 @@ def check_splits(m_splits: Sequence[int] | torch.Tensor, num_groups: int, total:
         m_splits = m_splits.tolist()
     splits = tuple(int(s) for s in m_splits)
     if len(splits) != num_groups:
-        raise ValueError(f"m_splits has {len(splits)} entries but the layer has {num_groups} groups (experts)")
+        raise ValueError(
+            f"m_splits has {len(splits)} entries but the layer has {num_groups} groups (experts)"
+        )
     if any(s < 0 for s in splits):
         raise ValueError(f"m_splits must be non-negative row counts, got {list(splits)}")
     if sum(splits) != total:

@@ -12,11 +12,12 @@ Example: G=2, m_splits=[3, 0] → rows 0..2 use W_0, expert 1 receives nothing a
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from minite_kernels.backends import Backend
 from minite_kernels.modules.linear import QuantizedLinearMixin, check_features
@@ -28,9 +29,9 @@ def offsets_to_splits(offsets: Sequence[int] | torch.Tensor) -> list[int]:
     if isinstance(offsets, torch.Tensor):
         offsets = offsets.tolist()
     offsets = [int(o) for o in offsets]
-    if not offsets or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+    if not offsets or offsets[0] != 0 or any(b < a for a, b in itertools.pairwise(offsets)):
         raise ValueError(f"offsets must start at 0 and be non-decreasing, got {offsets}")
-    return [b - a for a, b in zip(offsets, offsets[1:])]
+    return [b - a for a, b in itertools.pairwise(offsets)]
 
 
 class GroupedLinear(QuantizedLinearMixin, nn.Module):
@@ -54,8 +55,12 @@ class GroupedLinear(QuantizedLinearMixin, nn.Module):
         self.weight = nn.Parameter(torch.empty(num_gemms, out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(num_gemms, out_features, **kw)) if bias else None
         self._init_quant(qlinear_params, backend)
-        check_features(self.qlinear_params, in_features, out_features,
-                       f"GroupedLinear({num_gemms}, {in_features}, {out_features})")
+        check_features(
+            self.qlinear_params,
+            in_features,
+            out_features,
+            f"GroupedLinear({num_gemms}, {in_features}, {out_features})",
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -81,7 +86,9 @@ class GroupedLinear(QuantizedLinearMixin, nn.Module):
         if offsets is not None:
             m_splits = offsets_to_splits(offsets)
         if x.dim() != 2:
-            raise ValueError(f"GroupedLinear expects x of shape [tokens, {self.in_features}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"GroupedLinear expects x of shape [tokens, {self.in_features}], got {tuple(x.shape)}"
+            )
         return self._apply_linear(x, self.weight, self.bias, m_splits=m_splits)
 
     def extra_repr(self) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from minite_kernels.backends import Backend
 from minite_kernels.modules.linear import QuantizedLinearMixin, check_features
@@ -49,12 +49,15 @@ class LayerNormLinear(QuantizedLinearMixin, nn.Module):
         self.zero_centered_gamma, self.return_layernorm_output = zero_centered_gamma, return_layernorm_output
         kw = {"device": device, "dtype": params_dtype}
         self.layer_norm_weight = nn.Parameter(torch.empty(in_features, **kw))
-        self.layer_norm_bias = nn.Parameter(torch.empty(in_features, **kw)) if normalization == "LayerNorm" else None
+        self.layer_norm_bias = (
+            nn.Parameter(torch.empty(in_features, **kw)) if normalization == "LayerNorm" else None
+        )
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
         self._init_quant(qlinear_params, backend)
-        check_features(self.qlinear_params, in_features, out_features,
-                       f"LayerNormLinear({in_features}, {out_features})")
+        check_features(
+            self.qlinear_params, in_features, out_features, f"LayerNormLinear({in_features}, {out_features})"
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -68,9 +71,9 @@ class LayerNormLinear(QuantizedLinearMixin, nn.Module):
             if self.layer_norm_bias is not None:
                 nn.init.zeros_(self.layer_norm_bias)
         # nn.Linear's default init
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
         if self.bias is not None:
-            bound = 1 / self.in_features ** 0.5 if self.in_features > 0 else 0
+            bound = 1 / self.in_features**0.5 if self.in_features > 0 else 0
             nn.init.uniform_(self.bias, -bound, bound)
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:

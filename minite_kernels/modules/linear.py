@@ -13,8 +13,8 @@ Example (report §7.1)::
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from minite_kernels.backends import Backend, get_backend
 from minite_kernels.modules.functional import WeightCache, qlinear
@@ -31,7 +31,8 @@ def check_features(recipe: PrecisionRecipe, in_features: int, out_features: int,
         bad.append(f"out_features={out_features} is not a multiple of {n_mult} (dgrad contracts over it)")
     if bad:
         raise ValueError(
-            f"{what} with recipe {recipe.name!r}: " + "; ".join(bad)
+            f"{what} with recipe {recipe.name!r}: "
+            + "; ".join(bad)
             + ". Keep this layer in BF16 (quantize_model does so and reports it) or use recipe 'bf16'."
         )
 
@@ -63,13 +64,39 @@ class QuantizedLinearMixin:
         """Drop cached quantized weights (normally automatic: the cache is keyed on the weight version)."""
         self._weight_cache.clear()
 
+    def set_quantized_weight(self, quantized, *, group: int = 0) -> None:
+        """Hand the module an already-quantized fprop weight (e.g. from a batched weight-sync re-quantizer);
+        it must be the quantization of the current weight with ``recipe.fprop.b`` (format and tile are
+        checked). It stays valid until the weight changes, like a cached one."""
+        spec = self.qlinear_params.fprop.b
+        weight = self.weight if hasattr(self, "weight") else self.gate_up_proj
+        w = weight[group] if weight.dim() == 3 else weight
+        if not spec.quantized:
+            raise ValueError(f"recipe {self.qlinear_params.name!r} does not quantize the fprop weight")
+        if tuple(getattr(quantized, "shape", ())) != tuple(w.shape):
+            raise ValueError(
+                f"quantized weight has shape {tuple(quantized.shape)}, the weight is {tuple(w.shape)}"
+            )
+        if (
+            getattr(quantized, "tile", spec.tile) != spec.tile
+            or getattr(quantized, "scaling", spec.scaling) != spec.scaling
+        ):
+            raise ValueError(f"quantized weight was not made with {spec.summary()}")
+        self._weight_cache.put(("fprop", spec, group), weight, quantized)
+
     def _apply_linear(self, x: torch.Tensor, weight: torch.Tensor, bias, m_splits=None) -> torch.Tensor:
         r = self.qlinear_params
         if not r.quantized and m_splits is None:
             return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
         return qlinear(
-            x, weight, bias, r, self.backend_for(x.device), self._weight_cache,
-            m_splits=m_splits, generator=self.generator,
+            x,
+            weight,
+            bias,
+            r,
+            self.backend_for(x.device),
+            self._weight_cache,
+            m_splits=m_splits,
+            generator=self.generator,
         )
 
     def quant_extra_repr(self) -> str:
@@ -98,13 +125,21 @@ class Linear(QuantizedLinearMixin, nn.Linear):
     ) -> None:
         if dtype is not None and params_dtype is not None and dtype != params_dtype:
             raise ValueError(f"dtype={dtype} and params_dtype={params_dtype} disagree; pass one of them")
-        nn.Linear.__init__(self, in_features, out_features, bias=bias, device=device, dtype=params_dtype or dtype)
+        nn.Linear.__init__(
+            self, in_features, out_features, bias=bias, device=device, dtype=params_dtype or dtype
+        )
         self._init_quant(qlinear_params, backend)
-        check_features(self.qlinear_params, in_features, out_features, f"Linear({in_features}, {out_features})")
+        check_features(
+            self.qlinear_params, in_features, out_features, f"Linear({in_features}, {out_features})"
+        )
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: PrecisionRecipe | str | None = None, *, backend: str | Backend = "auto"
+        cls,
+        linear: nn.Linear,
+        recipe: PrecisionRecipe | str | None = None,
+        *,
+        backend: str | Backend = "auto",
     ) -> Linear:
         """A quantized Linear sharing ``linear``'s parameters (no copy; works for meta tensors)."""
         if not isinstance(linear, nn.Linear):
@@ -115,8 +150,12 @@ class Linear(QuantizedLinearMixin, nn.Linear):
         new.weight = linear.weight
         new.bias = linear.bias
         new._init_quant(recipe, backend)
-        check_features(new.qlinear_params, new.in_features, new.out_features,
-                       f"Linear({new.in_features}, {new.out_features})")
+        check_features(
+            new.qlinear_params,
+            new.in_features,
+            new.out_features,
+            f"Linear({new.in_features}, {new.out_features})",
+        )
         new.train(linear.training)
         return new
 

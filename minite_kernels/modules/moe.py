@@ -15,7 +15,7 @@ with both projections run by the grouped quantized linear (``modules.functional.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from minite_kernels.backends import Backend
 from minite_kernels.modules.linear import QuantizedLinearMixin, check_features
@@ -55,17 +55,21 @@ class GroupedExperts(QuantizedLinearMixin, nn.Module):
     @classmethod
     def from_hf(cls, experts: nn.Module, recipe=None, *, backend: str | Backend = "auto") -> GroupedExperts:
         if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False):
-            raise ValueError(f"{type(experts).__name__}: transposed or biased fused experts are not supported")
+            raise ValueError(
+                f"{type(experts).__name__}: transposed or biased fused experts are not supported"
+            )
         if not getattr(experts, "has_gate", True):
             raise ValueError(f"{type(experts).__name__}: experts without a gate projection are not supported")
-        new = cls(experts.gate_up_proj, experts.down_proj, experts.act_fn, qlinear_params=recipe, backend=backend)
+        new = cls(
+            experts.gate_up_proj, experts.down_proj, experts.act_fn, qlinear_params=recipe, backend=backend
+        )
         new.train(experts.training)
         return new
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         from minite_kernels.modules.functional import qlinear
 
-        t, k = top_k_index.shape
+        k = top_k_index.shape[1]
         flat_expert = top_k_index.reshape(-1)
         order = torch.argsort(flat_expert, stable=True)
         token_of = order // k
@@ -74,11 +78,21 @@ class GroupedExperts(QuantizedLinearMixin, nn.Module):
         x = hidden_states[token_of]
         backend = self.backend_for(hidden_states.device)
         r = self.qlinear_params
-        h = qlinear(x, self.gate_up_proj, None, r, backend, self._weight_cache, m_splits=splits,
-                    generator=self.generator)
+        h = qlinear(
+            x,
+            self.gate_up_proj,
+            None,
+            r,
+            backend,
+            self._weight_cache,
+            m_splits=splits,
+            generator=self.generator,
+        )
         gate, up = h.chunk(2, dim=-1)
         a = self.act_fn(gate) * up
-        y = qlinear(a, self.down_proj, None, r, backend, self._down_cache, m_splits=splits, generator=self.generator)
+        y = qlinear(
+            a, self.down_proj, None, r, backend, self._down_cache, m_splits=splits, generator=self.generator
+        )
         w = top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
         out = torch.zeros_like(hidden_states)
         out.index_add_(0, token_of, (y * w).to(out.dtype))

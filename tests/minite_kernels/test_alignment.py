@@ -1,4 +1,5 @@
 """Learner-vs-sampler alignment tools (report §4.4, §4.5)."""
+
 from __future__ import annotations
 
 import math
@@ -60,6 +61,10 @@ def test_compare_logprobs_worked_example():
     assert r.frac_exact == 0.5 and r.first_mismatch == (0, 1)
     assert r.k3_kl == pytest.approx((math.exp(0.5) - 1.5) / 2, abs=1e-12)  # 0.0743606
     assert r.p50_abs_gap == pytest.approx(0.25)
+    x = torch.rand(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    big = compare_logprobs(x, torch.zeros_like(x))
+    qs = torch.quantile(x, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
+    assert [big.p50_abs_gap, big.p90_abs_gap, big.p99_abs_gap] == pytest.approx(qs, abs=1e-15)
     m = r.metrics()
     assert m["align/logp/mean_abs_gap"] == 0.25 and "align/logp/first_mismatch" not in m
 

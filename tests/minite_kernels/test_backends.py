@@ -75,7 +75,9 @@ def test_auto_skips_backends_that_refuse_a_gemm():
         name = "nomx"
 
         def supports_gemm(self, a_spec, b_spec):
-            return (False, "no MXFP8 here") if "mxfp8" in (a_spec.format, b_spec.format) else (True, "nomx: ok")
+            return (
+                (False, "no MXFP8 here") if "mxfp8" in (a_spec.format, b_spec.format) else (True, "nomx: ok")
+            )
 
     auto = B.AutoBackend("cpu")
     auto.candidates = [NoMX("cpu"), EmulatedBackend("cpu")]
@@ -89,7 +91,10 @@ def test_plan_recipe_rows():
 
     rows = B.plan_recipe(get_qlinear_params("w4a16_nvfp4", env={}), "auto", "cpu")
     assert [(r["gemm"], r["backend"], r["ok"]) for r in rows] == [
-        ("fprop", "emulated", True), ("dgrad", "torch", True), ("wgrad", "torch", True)]
+        ("fprop", "emulated", True),
+        ("dgrad", "torch", True),
+        ("wgrad", "torch", True),
+    ]
     rows = B.plan_recipe(get_qlinear_params("mxfp8", env={}), "te", "cpu")
     assert not any(r["ok"] for r in rows)
 
@@ -101,7 +106,9 @@ def test_worked_example_ones():
     assert B.get_backend("emulated", "cpu").qgemm_nt(a, a, NV, NV).item() == 16.0
 
 
-@pytest.mark.parametrize("a_spec, b_spec", [(NV, NV), (NV_TOK, NV_2D), (NV_RHT, NV_RHT), (MX, MX), (BF16, NV)])
+@pytest.mark.parametrize(
+    "a_spec, b_spec", [(NV, NV), (NV_TOK, NV_2D), (NV_RHT, NV_RHT), (MX, MX), (BF16, NV)]
+)
 def test_emulated_equals_dequantize_then_matmul(a_spec, b_spec):
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(24, 64, generator=g), torch.randn(40, 64, generator=g)
@@ -127,7 +134,9 @@ def test_cached_operands_give_identical_results():
     qb = emu.quantize(b, NV_2D)
     assert torch.equal(emu.qgemm_nt(a, None, NV_TOK, NV_2D, b_quantized=qb), y)
     qa = emu.quantize(a, NV_TOK)
-    assert torch.equal(emu.qgemm_nt(None, None, NV_TOK, NV_2D, a_quantized=qa, b_quantized=qb, out_dtype=a.dtype), y)
+    assert torch.equal(
+        emu.qgemm_nt(None, None, NV_TOK, NV_2D, a_quantized=qa, b_quantized=qb, out_dtype=a.dtype), y
+    )
 
 
 def test_contraction_dim_is_zero_padded():
@@ -196,11 +205,15 @@ def test_flashinfer_alpha():
 
     # amax 2688 on both sides: alpha = 2688*2688/(36*448^2) = 1
     assert gemm_alpha(torch.tensor([2688.0]), torch.tensor([2688.0])).item() == 1.0
-    assert gemm_alpha(torch.tensor([6.0]), torch.tensor([448.0])).item() == pytest.approx(6 * 448 / 2688**2, rel=1e-7)
+    assert gemm_alpha(torch.tensor([6.0]), torch.tensor([448.0])).item() == pytest.approx(
+        6 * 448 / 2688**2, rel=1e-7
+    )
 
 
-@pytest.mark.parametrize("a_scaling, b_scaling", [("per_tensor", "per_tensor"), ("per_token", "per_tensor"),
-                                                  ("per_token", "per_token")])
+@pytest.mark.parametrize(
+    "a_scaling, b_scaling",
+    [("per_tensor", "per_tensor"), ("per_token", "per_tensor"), ("per_token", "per_token")],
+)
 def test_flashinfer_arguments_reproduce_emulated_gemm(a_scaling, b_scaling):
     from minite_kernels.backends.flashinfer import emulate_mm_fp4, mm_fp4_arguments
 
@@ -222,7 +235,9 @@ def _available(name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["triton", "te", "flashinfer"])
-@pytest.mark.parametrize("a_spec, b_spec", [(NV, NV_2D), (NV_TOK, NV_2D), (NV_RHT, NV_RHT), (MX, MX), (BF16, NV)])
+@pytest.mark.parametrize(
+    "a_spec, b_spec", [(NV, NV_2D), (NV_TOK, NV_2D), (NV_RHT, NV_RHT), (MX, MX), (BF16, NV)]
+)
 def test_fast_backend_matches_emulated(name, a_spec, b_spec):
     if not _available(name):
         pytest.skip(B.backend_status(name)[1])
@@ -237,3 +252,25 @@ def test_fast_backend_matches_emulated(name, a_spec, b_spec):
     ref = emu.qgemm_nt(a, b, a_spec, b_spec, out_dtype=torch.float32)
     out = fast.qgemm_nt(a, b, a_spec, b_spec, out_dtype=torch.float32)
     assert torch.allclose(out, ref, rtol=8e-3, atol=8e-3 * ref.abs().max().item())  # TE's GEMM tolerance
+
+
+def test_te_quantizer_arguments_follow_the_recipe():
+    from minite_kernels.backends.te import te_quantizer_kwargs
+    from minite_kernels.recipes import get_qlinear_params
+
+    r = get_qlinear_params("nvfp4_per_token", env={})
+    x, w = te_quantizer_kwargs(r.fprop.a), te_quantizer_kwargs(r.fprop.b)
+    assert x["row_scaled_nvfp4"] and x["rowwise"] and not x["with_rht"] and not x["with_2d_quantization"]
+    assert w["with_2d_quantization"] and not w["row_scaled_nvfp4"] and not w["stochastic_rounding"]
+    dy = te_quantizer_kwargs(r.dgrad.a)
+    assert dy["stochastic_rounding"] and not dy["with_rht"]
+    dyt, xt = te_quantizer_kwargs(r.wgrad.a), te_quantizer_kwargs(r.wgrad.b)
+    assert dyt["columnwise"] and not dyt["rowwise"] and dyt["with_rht"] and dyt["with_post_rht_amax"]
+    assert xt["with_rht"] and not xt["stochastic_rounding"]
+    assert te_quantizer_kwargs(MX) == {"rowwise": True, "columnwise": False}
+    rows = B.plan_recipe(r, "auto", "cpu")
+    assert rows[0]["te_quantizer"]["a"] == x
+    assert (
+        B.plan_recipe(get_qlinear_params("w4a16_nvfp4", env={}), "auto", "cpu")[0]["te_quantizer"]["a"]
+        is None
+    )

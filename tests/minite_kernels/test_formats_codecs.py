@@ -1,4 +1,5 @@
 """Low-level codecs: E2M1 (RNE ties, packing), E4M3 saturating cast, E8M0 RCEIL (notes §1.1, §1.2, §7)."""
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,9 @@ def test_e2m1_decode_table():
     assert dec.tolist() == list(E2M1_VALUES)
     assert torch.signbit(dec[8]) and not torch.signbit(dec[0])
     # every grid value encodes to its own code
-    assert torch.equal(e2m1_encode(dec), torch.tensor([c if c != 8 else 0 for c in range(16)], dtype=torch.uint8))
+    assert torch.equal(
+        e2m1_encode(dec), torch.tensor([c if c != 8 else 0 for c in range(16)], dtype=torch.uint8)
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -120,7 +123,9 @@ def test_e8m0_worked_values_from_notes():
 
 
 def test_e8m0_specials_and_subnormals():
-    v = torch.tensor([float("nan"), float("inf"), 2.0**-127, 2.0**-127 * 1.5, 2.0**-130, 2.0**127, 2.0**127 * 1.5])
+    v = torch.tensor(
+        [float("nan"), float("inf"), 2.0**-127, 2.0**-127 * 1.5, 2.0**-130, 2.0**127, 2.0**127 * 1.5]
+    )
     assert e8m0_encode_rceil(v).tolist() == [255, 254, 0, 1, 0, 254, 254]
     assert math.isnan(e8m0_decode(torch.tensor([255], dtype=torch.uint8)).item())
     assert e8m0_inverse(torch.tensor([254, 127, 0], dtype=torch.uint8)).tolist() == [2.0**-127, 1.0, 2.0**127]

@@ -1,4 +1,5 @@
 """MXFP8 (notes §7): RCEIL E8M0 worked values, E4M3 data, bounds, shapes, NaN/Inf poisoning."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,14 @@ import torch
 
 from minite_kernels.formats import MXFP8Tensor, e4m3_cast, quantize_mxfp8
 
-WORKED = [(5.0, 121, 2.0**-6, 320.0), (448.0, 127, 1.0, 448.0), (448.5, 128, 2.0, 224.25),
-          (1.0, 119, 2.0**-8, 256.0), (0.001, 109, 2.0**-18, 256.0), (0.0, 0, 2.0**-127, 0.0)]
+WORKED = [
+    (5.0, 121, 2.0**-6, 320.0),
+    (448.0, 127, 1.0, 448.0),
+    (448.5, 128, 2.0, 224.25),
+    (1.0, 119, 2.0**-8, 256.0),
+    (0.001, 109, 2.0**-18, 256.0),
+    (0.0, 0, 2.0**-127, 0.0),
+]
 
 
 @pytest.mark.parametrize("amax,byte,scale,stored", WORKED)

@@ -1,5 +1,6 @@
 """NVFP4 reference quantizer: byte-exact goldens (notes §1.9), TE's association order, an independent scalar
 reference, per-token independence, 16x16 tiles, shapes, and the documented bad-input rules."""
+
 from __future__ import annotations
 
 import math
@@ -105,8 +106,24 @@ def assert_matches_scalar(x: torch.Tensor, **kw) -> NVFP4Tensor:
 # ----------------------------------------------------------------------------------------------------------
 WORKED = [0.1, -0.25, 0.3, 0.75, 1.0, -1.3, 2.0, 2.5, -3.1, 3.5, 4.2, -5.0, 5.9, 0.0, -0.01, 6.3]
 WORKED_CODES = [0, 8, 1, 1, 2, 10, 4, 4, 13, 5, 6, 14, 7, 0, 8, 7]
-WORKED_DEQ = [0, -0.0, 0.535714, 0.535714, 1.071429, -1.071429, 2.142857, 2.142857,
-              -3.214286, 3.214286, 4.285714, -4.285714, 6.428571, 0, -0.0, 6.428571]
+WORKED_DEQ = [
+    0,
+    -0.0,
+    0.535714,
+    0.535714,
+    1.071429,
+    -1.071429,
+    2.142857,
+    2.142857,
+    -3.214286,
+    3.214286,
+    4.285714,
+    -4.285714,
+    6.428571,
+    0,
+    -0.0,
+    6.428571,
+]
 
 
 def test_worked_example_byte_exact():
@@ -176,7 +193,11 @@ def test_random_tensors_match_scalar_reference(seed, kw):
     if kind == 0:  # gaussian with a random overall magnitude
         x = torch.randn(m, k, generator=g) * 10 ** torch.empty(1).uniform_(-4, 4, generator=g)
     elif kind == 1:  # heavy-tailed bf16 data (E4M3 ties are common)
-        x = (torch.randn(m, k, generator=g) * torch.exp(2 * torch.randn(m, k, generator=g))).bfloat16().float()
+        x = (
+            (torch.randn(m, k, generator=g) * torch.exp(2 * torch.randn(m, k, generator=g)))
+            .bfloat16()
+            .float()
+        )
     else:  # rows of wildly different magnitude, some zero blocks
         x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-40, 40, (m, 1), generator=g).float())
         x[:, 16:32] = 0
@@ -215,7 +236,9 @@ def test_input_dtypes_are_quantized_from_their_fp32_value():
     for dt in (torch.bfloat16, torch.float16):
         xd = x.to(dt)
         a, b = quantize_nvfp4(xd), quantize_nvfp4(xd.float())
-        assert torch.equal(a.data, b.data) and torch.equal(a.scales.view(torch.uint8), b.scales.view(torch.uint8))
+        assert torch.equal(a.data, b.data) and torch.equal(
+            a.scales.view(torch.uint8), b.scales.view(torch.uint8)
+        )
         assert a.orig_dtype == dt
     a, b = quantize_nvfp4(x.double()), quantize_nvfp4(x)
     assert torch.equal(a.data, b.data)
@@ -244,7 +267,10 @@ def test_per_tensor_depends_on_the_batch_but_per_token_does_not():
     big = torch.full((1, 32), 100.0)
     t_alone, t_batch = quantize_nvfp4(row), quantize_nvfp4(torch.cat([row, big]))
     assert not torch.equal(t_alone.dequantize()[0], t_batch.dequantize()[0])
-    p_alone, p_batch = quantize_nvfp4(row, scaling="per_token"), quantize_nvfp4(torch.cat([row, big]), scaling="per_token")
+    p_alone, p_batch = (
+        quantize_nvfp4(row, scaling="per_token"),
+        quantize_nvfp4(torch.cat([row, big]), scaling="per_token"),
+    )
     assert torch.equal(p_alone.dequantize()[0], p_batch.dequantize()[0])
 
 
@@ -274,10 +300,18 @@ def test_one_dim_input_is_one_row_and_leading_dims_flatten():
     q = quantize_nvfp4(x, scaling="per_token")
     assert q.data.shape == (6, 16) and q.scales.shape == (6, 2) and q.amax.shape == (6,)
     assert q.dequantize().shape == (2, 3, 32)
-    assert torch.equal(q.dequantize().reshape(6, 32), quantize_nvfp4(x.reshape(6, 32), scaling="per_token").dequantize())
+    assert torch.equal(
+        q.dequantize().reshape(6, 32), quantize_nvfp4(x.reshape(6, 32), scaling="per_token").dequantize()
+    )
     v = quantize_nvfp4(x[0, 0])
     assert v.data.shape == (1, 16) and v.dequantize().shape == (32,)
     assert torch.equal(v.dequantize(), quantize_nvfp4(x[0, 0].view(1, 32)).dequantize()[0])
+
+
+def test_non_contiguous_input_equals_contiguous():
+    w = torch.randn(64, 32, generator=torch.Generator().manual_seed(9))
+    a, b = quantize_nvfp4(w.T), quantize_nvfp4(w.T.contiguous())
+    assert torch.equal(a.data, b.data) and torch.equal(a.dequantize(), b.dequantize())
 
 
 def test_empty_rows_are_allowed():
@@ -347,7 +381,9 @@ def test_nonfinite_poisons_its_scaling_domain(bad):
     clean = quantize_nvfp4(x[[0, 2]], scaling="per_token")
     assert torch.equal(d[[0, 2]], clean.dequantize())
     # stochastic rounding follows the same rule
-    s = quantize_nvfp4(x, scaling="per_token", rounding="stochastic", generator=torch.Generator().manual_seed(0))
+    s = quantize_nvfp4(
+        x, scaling="per_token", rounding="stochastic", generator=torch.Generator().manual_seed(0)
+    )
     assert torch.isnan(s.dequantize()[1]).all() and torch.isfinite(s.dequantize()[0]).all()
 
 
@@ -355,9 +391,17 @@ def test_nvfp4_tensor_metadata_and_repr():
     x = torch.randn(4, 32).bfloat16()
     q = quantize_nvfp4(x, scaling="per_token")
     assert (q.rows, q.cols, q.scaling, q.tile, q.rounding, q.rht, q.orig_dtype) == (
-        4, 32, "per_token", (1, 16), "nearest", False, torch.bfloat16
+        4,
+        32,
+        "per_token",
+        (1, 16),
+        "nearest",
+        False,
+        torch.bfloat16,
     )
     assert "per_token" in repr(q) and q.nonfinite.tolist() == [False] * 4
+    moved = q.to("cpu")
+    assert moved is not q and torch.equal(moved.data, q.data) and moved.scaling == "per_token"
     # encode factors recomputed from (scales, amax) reproduce the codes
     enc = q.encode_factors()
     scaled = (x.float().view(4, 2, 16) * enc.unsqueeze(-1)).view(4, 32)

@@ -1,4 +1,5 @@
 """Stochastic rounding (notes §1.5): exact distribution over all 256 random bytes, unbiasedness end to end."""
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,9 @@ def test_quantize_sr_is_unbiased_and_beats_round_to_nearest_on_average():
     )
     sr0 = quantize_nvfp4(x, rounding="stochastic", generator=torch.Generator().manual_seed(0))
     # scale math is unchanged by SR
-    assert torch.equal(sr0.scales.view(torch.uint8), rn.scales.view(torch.uint8)) and torch.equal(sr0.amax, rn.amax)
+    assert torch.equal(sr0.scales.view(torch.uint8), rn.scales.view(torch.uint8)) and torch.equal(
+        sr0.amax, rn.amax
+    )
 
     # Exact per-element expectation and variance of one draw, from the 256-byte enumeration.
     enc = rn.encode_factors().repeat_interleave(16, dim=1)

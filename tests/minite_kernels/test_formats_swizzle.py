@@ -1,4 +1,5 @@
 """128x4 swizzled scale layout (notes §1.3): hand-checked indices, an independent scatter, round trips."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,9 @@ def formula_swizzle(s: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(mp * kbp, dtype=torch.uint8)
     for i in range(m):
         for j in range(kb):
-            idx = (i // 128) * (kbp // 4) * 512 + (j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+            idx = (
+                (i // 128) * (kbp // 4) * 512 + (j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+            )
             out[idx] = s[i, j]
     return out.view(mp, kbp)
 

@@ -1,4 +1,5 @@
 """Error metrics (report §2.3) on hand-computed tensors."""
+
 from __future__ import annotations
 
 import math

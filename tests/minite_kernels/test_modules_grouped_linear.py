@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from minite_kernels.modules import GroupedExperts, GroupedLinear, Linear
 from minite_kernels.recipes import get_qlinear_params
@@ -34,11 +34,11 @@ def test_grouped_equals_per_expert_linear(name):
     starts = [0, 5, 5, 9]
     for e in (0, 2):
         lin = expert_linear(g, e, name)
-        xe = x.detach()[starts[e]:starts[e + 1]].clone().requires_grad_()
+        xe = x.detach()[starts[e] : starts[e + 1]].clone().requires_grad_()
         ye = lin(xe)
-        ye.backward(dy[starts[e]:starts[e + 1]])
-        assert torch.equal(y[starts[e]:starts[e + 1]], ye)
-        assert torch.equal(x.grad[starts[e]:starts[e + 1]], xe.grad)
+        ye.backward(dy[starts[e] : starts[e + 1]])
+        assert torch.equal(y[starts[e] : starts[e + 1]], ye)
+        assert torch.equal(x.grad[starts[e] : starts[e + 1]], xe.grad)
         assert torch.equal(g.weight.grad[e], lin.weight.grad)
         assert torch.equal(g.bias.grad[e], lin.bias.grad)
     assert torch.count_nonzero(g.weight.grad[1]) == 0 and torch.count_nonzero(g.bias.grad[1]) == 0
@@ -74,7 +74,9 @@ def test_grouped_cache_refreshes_after_step():
         assert not torch.equal(g(x, [2, 2]), y0) and g._weight_cache.misses == misses + 2
 
 
-@pytest.mark.parametrize("splits, match", [([1, 2], "sums to 3"), ([4], "1 entries"), ([5, -1], "non-negative")])
+@pytest.mark.parametrize(
+    "splits, match", [([1, 2], "sums to 3"), ([4], "1 entries"), ([5, -1], "non-negative")]
+)
 def test_bad_splits(splits, match):
     g = GroupedLinear(2, 32, 32, qlinear_params=recipe("bf16"))
     with pytest.raises(ValueError, match=match):
@@ -131,4 +133,6 @@ def test_grouped_experts_quantized_close_to_bf16():
 
 def test_grouped_experts_rejects_bad_shapes():
     with pytest.raises(ValueError, match="incompatible expert shapes"):
-        GroupedExperts(nn.Parameter(torch.zeros(2, 8, 32)), nn.Parameter(torch.zeros(2, 32, 8)), torch.nn.SiLU())
+        GroupedExperts(
+            nn.Parameter(torch.zeros(2, 8, 32)), nn.Parameter(torch.zeros(2, 32, 8)), torch.nn.SiLU()
+        )

@@ -14,10 +14,13 @@ def recipe(name: str):
     return get_qlinear_params(name, env={})
 
 
-@pytest.mark.parametrize("normalization, keys", [
-    ("LayerNorm", ["layer_norm_weight", "layer_norm_bias", "weight", "bias"]),
-    ("RMSNorm", ["layer_norm_weight", "weight", "bias"]),
-])
+@pytest.mark.parametrize(
+    "normalization, keys",
+    [
+        ("LayerNorm", ["layer_norm_weight", "layer_norm_bias", "weight", "bias"]),
+        ("RMSNorm", ["layer_norm_weight", "weight", "bias"]),
+    ],
+)
 def test_parameter_names_follow_te(normalization, keys):
     m = LayerNormLinear(32, 64, normalization=normalization, qlinear_params=recipe("nvfp4_per_token"))
     assert list(m.state_dict()) == keys
@@ -37,8 +40,16 @@ def test_bf16_layernorm_matches_reference():
 
 def test_rmsnorm_formula_and_zero_centered_gamma():
     torch.manual_seed(0)
-    m = LayerNormLinear(32, 64, bias=False, normalization="RMSNorm", zero_centered_gamma=True, eps=1e-5,
-                        qlinear_params=recipe("bf16"), return_layernorm_output=True)
+    m = LayerNormLinear(
+        32,
+        64,
+        bias=False,
+        normalization="RMSNorm",
+        zero_centered_gamma=True,
+        eps=1e-5,
+        qlinear_params=recipe("bf16"),
+        return_layernorm_output=True,
+    )
     assert torch.equal(m.layer_norm_weight, torch.zeros(32))  # gamma - 1 stored
     with torch.no_grad():
         m.layer_norm_weight.fill_(0.5)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from minite_kernels.formats import quantize_nvfp4
 from minite_kernels.modules import Linear
@@ -51,8 +51,14 @@ def test_state_dict_equals_nn_linear(name):
 
 
 def test_meta_device_construction_then_materialize():
-    layer = Linear(64, 96, bias=False, device="meta", params_dtype=torch.bfloat16,
-                   qlinear_params=recipe("nvfp4_per_token"))
+    layer = Linear(
+        64,
+        96,
+        bias=False,
+        device="meta",
+        params_dtype=torch.bfloat16,
+        qlinear_params=recipe("nvfp4_per_token"),
+    )
     assert layer.weight.is_meta and layer.weight.dtype == torch.bfloat16
     layer.to_empty(device="cpu")
     src = nn.Linear(64, 96, bias=False, dtype=torch.bfloat16)
@@ -165,7 +171,7 @@ def test_per_token_row_independence():
         batch, batch_ten = tok(x), ten(x)
         for i in range(8):
             scale = batch[i].abs().max().item()
-            torch.testing.assert_close(tok(x[i:i + 1]), batch[i:i + 1], rtol=1e-5, atol=1e-6 * scale)
+            torch.testing.assert_close(tok(x[i : i + 1]), batch[i : i + 1], rtol=1e-5, atol=1e-6 * scale)
         assert rel(ten(x[:1]), batch_ten[:1]) > 0.5  # row 0 (scale 1e-3) underflows inside the batch
 
 
@@ -235,3 +241,26 @@ def test_env_selection(monkeypatch):
     monkeypatch.delenv("DISABLE_BACKWARD_QUANT", raising=False)
     assert Linear(32, 32).qlinear_params.name == "mxfp8"
     assert Linear(32, 32, qlinear_params="bf16").qlinear_params.name == "bf16"  # explicit wins
+
+
+def test_bf16_backward_caches_no_high_precision_weight(data):
+    x, dy = data
+    layer = Linear(64, 96, qlinear_params=recipe("nvfp4_per_token_bf16_bwd"))
+    grads(layer, x, dy)
+    assert len(layer._weight_cache) == 1  # only the NVFP4 fprop weight; Ŵ is rebuilt from it in backward
+
+
+def test_set_quantized_weight_is_used_until_the_weight_changes(data):
+    x, _ = data
+    layer = Linear(64, 96, qlinear_params=recipe("nvfp4_per_token"))
+    with torch.no_grad():
+        y = layer(x)
+    other = quantize_nvfp4(torch.randn(96, 64), tile=(16, 16))
+    layer.set_quantized_weight(other)
+    with torch.no_grad():
+        y_other = layer(x)
+        assert not torch.equal(y_other, y)
+        layer.invalidate_quantized_weights()
+        assert torch.equal(layer(x), y)
+    with pytest.raises(ValueError, match="not made with"):
+        layer.set_quantized_weight(quantize_nvfp4(torch.randn(96, 64)))

@@ -1,4 +1,5 @@
 """TensorMonitor and quantization_stats on small nn.Linear models (report §4.4)."""
+
 from __future__ import annotations
 
 import math

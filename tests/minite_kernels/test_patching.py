@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from minite_kernels import quantize_model
 from minite_kernels.metrics import cosine
@@ -28,8 +28,16 @@ def tiny_qwen3(seed: int = 0, **overrides) -> nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    cfg = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 64,
+    }
     cfg.update(overrides)
     return Qwen3ForCausalLM(Qwen3Config(**cfg)).eval()
 
@@ -98,14 +106,22 @@ def test_env_recipe_and_bypass_recorded(base_model, monkeypatch):
     monkeypatch.setenv("DISABLE_BACKWARD_QUANT", "1")
     report = quantize_model(copy.deepcopy(base_model))
     assert report.recipe == "nvfp4_per_token" and report.recipe_source == "env:MINITE_RECIPE"
-    assert report.backward_bypass and report.env == {"MINITE_RECIPE": "nvfp4_per_token", "DISABLE_BACKWARD_QUANT": "1"}
+    assert report.backward_bypass and report.env == {
+        "MINITE_RECIPE": "nvfp4_per_token",
+        "DISABLE_BACKWARD_QUANT": "1",
+    }
     assert all("DISABLE_BACKWARD_QUANT" in e.backward for e in report.layers if e.status == "quantized")
 
 
 def test_overrides_and_exclusions(base_model, ids):
     model = copy.deepcopy(base_model)
-    report = quantize_model(model, "nvfp4_per_token", overrides={"*.down_proj": "mxfp8", "re:k_proj$": "bf16"},
-                            exclude=[-1], lm_head=True)
+    report = quantize_model(
+        model,
+        "nvfp4_per_token",
+        overrides={"*.down_proj": "mxfp8", "re:k_proj$": "bf16"},
+        exclude=[-1],
+        lm_head=True,
+    )
     by_name = {e.name: e for e in report.layers}
     assert by_name["model.layers.0.mlp.down_proj"].recipe == "mxfp8"
     assert by_name["model.layers.0.self_attn.k_proj"].status == "bf16"
@@ -134,7 +150,7 @@ def test_state_dict_unchanged_and_meta_device(base_model):
     quantize_model(model, "nvfp4_per_token")
     after = model.state_dict()
     assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     with torch.device("meta"):
         meta_model = Qwen3ForCausalLM(base_model.config)
@@ -171,9 +187,19 @@ def test_qwen3_moe_experts_become_grouped(ids):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    cfg = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     model = Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():
         ref = model(ids).logits
@@ -181,7 +207,9 @@ def test_qwen3_moe_experts_become_grouped(ids):
     report = quantize_model(model, "nvfp4_per_token")
     assert isinstance(model.model.layers[0].mlp.experts, GroupedExperts)
     kinds = {e.name: e.kind for e in report.layers if e.status == "quantized"}
-    assert kinds["model.layers.0.mlp.experts"] == "GroupedExperts" and len(kinds) == 10  # 2 x (4 attn + experts)
+    assert (
+        kinds["model.layers.0.mlp.experts"] == "GroupedExperts" and len(kinds) == 10
+    )  # 2 x (4 attn + experts)
     assert list(model.state_dict()) == keys
     out = model(ids, labels=ids)
     out.loss.backward()
@@ -198,8 +226,17 @@ def test_llama_and_qwen2(arch, ids):
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     }[arch]
     torch.manual_seed(0)
-    model = model_cls(cfg_cls(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    model = model_cls(
+        cfg_cls(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    ).eval()
     with torch.no_grad():
         ref = model(ids).logits
     report = quantize_model(model, "nvfp4_per_token_bf16_bwd")
@@ -222,3 +259,17 @@ def test_gradient_checkpointing_gives_same_gradients(base_model, ids):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nvfp4_per_token", "nvfp4_per_token_bf16_bwd", "w4a16_nvfp4"])
+def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name):
+    # on the H200 "auto" routes NVFP4 GEMMs to the Triton backend; it must agree with the emulated reference
+    outs = []
+    for backend in ("emulated", "auto"):
+        model = copy.deepcopy(base_model).cuda().to(torch.bfloat16)
+        quantize_model(model, name, backend=backend)
+        out = model(ids.cuda(), labels=ids.cuda())
+        out.loss.backward()
+        outs.append(out.logits.detach().float())
+    assert cosine(outs[0], outs[1]) > 0.9999

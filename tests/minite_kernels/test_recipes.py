@@ -10,8 +10,13 @@ from minite_kernels import recipes as R
 from minite_kernels.recipes import BF16, GemmSpec, OperandSpec, PrecisionRecipe, RecipeError
 
 REQUIRED = (
-    "bf16", "nvfp4_per_tensor", "nvfp4_per_token", "nvfp4_per_token_bf16_bwd", "nvfp4_per_token_mxfp8_bwd",
-    "w4a16_nvfp4", "mxfp8",
+    "bf16",
+    "nvfp4_per_tensor",
+    "nvfp4_per_token",
+    "nvfp4_per_token_bf16_bwd",
+    "nvfp4_per_token_mxfp8_bwd",
+    "w4a16_nvfp4",
+    "mxfp8",
 )
 
 
@@ -21,7 +26,11 @@ def test_registry_has_required_recipes_with_groups():
         assert n in names
     for r in R.list_recipes():
         assert r.group in R.GROUPS and r.description
-    assert {r.name for r in R.list_recipes("common")} >= {"bf16", "nvfp4_per_token", "nvfp4_per_token_bf16_bwd"}
+    assert {r.name for r in R.list_recipes("common")} >= {
+        "bf16",
+        "nvfp4_per_token",
+        "nvfp4_per_token_bf16_bwd",
+    }
 
 
 def test_nvfp4_per_token_matches_te_defaults():
@@ -55,7 +64,9 @@ def test_operand_defaults_and_summary():
     assert (s.scaling, s.tile, s.block_k) == ("per_tensor", (1, 16), 16)
     assert OperandSpec("mxfp8").tile == (1, 32) and OperandSpec("mxfp8").block_k == 32
     assert BF16.tile is None and BF16.block_k == 1 and not BF16.quantized
-    assert OperandSpec("nvfp4", "per_token", rht=True, stochastic_rounding=True).summary() == "nvfp4/tok/rht/sr"
+    assert (
+        OperandSpec("nvfp4", "per_token", rht=True, stochastic_rounding=True).summary() == "nvfp4/tok/rht/sr"
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,9 +97,18 @@ NV = OperandSpec("nvfp4")
 @pytest.mark.parametrize(
     "gemms, field",
     [
-        ({"fprop": GemmSpec(NV, OperandSpec("nvfp4", stochastic_rounding=True))}, "fprop.b.stochastic_rounding"),
-        ({"fprop": GemmSpec(OperandSpec("nvfp4", stochastic_rounding=True), NV)}, "fprop.a.stochastic_rounding"),
-        ({"wgrad": GemmSpec(NV, OperandSpec("nvfp4", stochastic_rounding=True))}, "wgrad.b.stochastic_rounding"),
+        (
+            {"fprop": GemmSpec(NV, OperandSpec("nvfp4", stochastic_rounding=True))},
+            "fprop.b.stochastic_rounding",
+        ),
+        (
+            {"fprop": GemmSpec(OperandSpec("nvfp4", stochastic_rounding=True), NV)},
+            "fprop.a.stochastic_rounding",
+        ),
+        (
+            {"wgrad": GemmSpec(NV, OperandSpec("nvfp4", stochastic_rounding=True))},
+            "wgrad.b.stochastic_rounding",
+        ),
         ({"fprop": GemmSpec(OperandSpec("nvfp4", rht=True), OperandSpec("nvfp4", rht=True))}, "fprop.a.rht"),
         ({"dgrad": GemmSpec(OperandSpec("nvfp4", rht=True), OperandSpec("nvfp4", rht=True))}, "dgrad.a.rht"),
         ({"wgrad": GemmSpec(OperandSpec("nvfp4", rht=True), NV)}, "wgrad: rht is set on one operand"),
@@ -165,8 +185,11 @@ def test_layer_index_and_patterns():
 
 def test_layer_selector_overrides_and_exclusions():
     sel = R.LayerSelector.build(
-        "nvfp4_per_token", overrides={"*.down_proj": "mxfp8", "re:q_proj$": "bf16"}, exclude=[-1, "*.k_proj"],
-        num_layers=4, env={},
+        "nvfp4_per_token",
+        overrides={"*.down_proj": "mxfp8", "re:q_proj$": "bf16"},
+        exclude=[-1, "*.k_proj"],
+        num_layers=4,
+        env={},
     )
     assert sel.select("model.layers.0.mlp.down_proj")[0].name == "mxfp8"
     assert sel.select("model.layers.0.self_attn.q_proj")[0].name == "bf16"

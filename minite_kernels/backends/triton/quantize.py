@@ -29,6 +29,8 @@ read mostly from L2.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -441,6 +443,28 @@ def launch_amax(x: torch.Tensor, scratch: torch.Tensor) -> None:
     )
 
 
+class QuantOut(NamedTuple):
+    """Outputs of :func:`quantize_nvfp4_triton` (None where not requested)."""
+
+    data: torch.Tensor | None  # uint8 [M, K/2]
+    scales: torch.Tensor | None  # float8_e4m3fn [M, K/16]
+    amax: torch.Tensor  # fp32 [1] | [M]
+    nonfinite: torch.Tensor  # bool, like amax
+    qs: torch.Tensor | None  # bf16 [M, K]: e2m1 * s_b (exact)
+    deq: torch.Tensor | None  # bf16 [M, K]: the dequantized value (= NVFP4Tensor.dequantize(bf16))
+
+
+def _bf16_words_ok(x: torch.Tensor, rbits: torch.Tensor | None) -> bool:
+    return (
+        x.dtype == torch.bfloat16
+        and x.stride(1) == 1
+        and x.stride(0) % 2 == 0
+        and x.storage_offset() % 2 == 0
+        and x.shape[1] % 16 == 0
+        and (rbits is None or rbits.is_contiguous())
+    )
+
+
 def quantize_nvfp4_triton(
     x: torch.Tensor,
     *,
@@ -449,52 +473,86 @@ def quantize_nvfp4_triton(
     rbits: torch.Tensor | None = None,
     write_packed: bool = True,
     write_qs: bool = False,
-    qs_dtype: torch.dtype = torch.bfloat16,
-    out: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
-    | None = None,
+    write_deq: bool = False,
+    out: QuantOut | None = None,
     scratch: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-    """Quantize a 2-D float tensor along its last dim; returns (data u8 [M,K/2], scales e4m3 [M,K/16],
-    amax fp32 [1]|[M], qs [M,K] or None). Preconditions (checked by callers): K % 16 == 0, M % 16 == 0 when
-    ``tile16``, bf16/fp16/fp32 input, ``rbits`` uint8 [M, K] contiguous for stochastic rounding.
-    ``out``/``scratch`` let a caller reuse buffers (CUDA-graph capture of weight sync)."""
+) -> QuantOut:
+    """Quantize a 2-D float tensor along its last dim (see the module docstring).
+
+    Preconditions (checked by callers): K % 16 == 0, M % 16 == 0 when ``tile16``, bf16/fp16/fp32 input,
+    ``rbits`` uint8 [M, K] contiguous for stochastic rounding. ``out``/``scratch`` let a caller reuse buffers
+    (CUDA-graph capture of weight sync). BF16 inputs with unit stride along K take the word-wise fast path
+    (``quantize_bf16.py``); other dtypes and layouts the generic kernels.
+    """
     m, k = x.shape
     dev = x.device
+    nrow = m if per_token else 1
     if out is None:
-        data = torch.empty((m, k // 2), dtype=torch.uint8, device=dev) if write_packed else None
-        scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if write_packed else None
-        amax = torch.empty((m if per_token else 1,), dtype=torch.float32, device=dev)
-        qs = torch.empty((m, k), dtype=qs_dtype, device=dev) if write_qs else None
-    else:
-        data, scales, amax, qs = out
-        if scales is not None and scales.dtype != torch.uint8:
-            scales = scales.view(torch.uint8)
+        out = QuantOut(
+            torch.empty((m, k // 2), dtype=torch.uint8, device=dev) if write_packed else None,
+            torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if write_packed else None,
+            torch.empty((nrow,), dtype=torch.float32, device=dev),
+            torch.empty((nrow,), dtype=torch.bool, device=dev),
+            torch.empty((m, k), dtype=torch.bfloat16, device=dev) if write_qs else None,
+            torch.empty((m, k), dtype=torch.bfloat16, device=dev) if write_deq else None,
+        )
+    data, scales, amax, nonfinite, qs, deq = out
+    if scales is not None and scales.dtype != torch.uint8:
+        scales = scales.view(torch.uint8)
     sr = rbits is not None
     dummy = amax
     if m == 0:
         if not per_token:
             amax.zero_()
-        return data, None if scales is None else scales.view(torch.float8_e4m3fn), amax, qs
+            nonfinite.zero_()
+        return _finish(out)
+    if _bf16_words_ok(x, rbits) and not (interpret_mode() and write_deq) and (not per_token or k // 2 <= 8192):
+        from .quantize_bf16 import _amax_bf16_kernel, _quant_bf16_tensor_kernel, _quant_bf16_token_kernel
+
+        kw = k // 2
+        xw = x.view(torch.int32)
+        rb = rbits.view(torch.int16) if sr else dummy
+        qsw = qs.view(torch.int32) if write_qs else dummy
+        deqw = deq.view(torch.int32) if write_deq else dummy
+        dptr = data if write_packed else dummy
+        sptr = scales if write_packed else dummy
+        if per_token:
+            bw = max(8, triton.next_power_of_2(kw))
+            bm = max(1, min(8, 2048 // bw))
+            warps = max(4, min(16, bm * bw // 256))
+            _quant_bf16_token_kernel[(triton.cdiv(m, bm),)](
+                xw, dptr, sptr, qsw, deqw, amax, nonfinite, rb, m, kw, xw.stride(0),
+                BLOCK_M=bm, BLOCK_W=bw, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
+                WRITE_DEQ=write_deq, num_warps=warps,
+            )
+        else:
+            if scratch is None:
+                scratch = torch.zeros(2, dtype=torch.int32, device=dev)
+            else:
+                scratch.zero_()
+            abm, abw = 8, 512 if kw >= 512 else max(8, triton.next_power_of_2(kw))
+            tiles_w = triton.cdiv(kw, abw)
+            n_tiles = triton.cdiv(m, abm) * tiles_w
+            nprog = max(1, min(n_tiles, _num_sms(dev) * 4))
+            _amax_bf16_kernel[(nprog,)](xw, scratch, m, kw, xw.stride(0), nprog, triton.cdiv(n_tiles, nprog),
+                                        tiles_w, BLOCK_M=abm, BLOCK_W=abw, num_warps=8)
+            bm = 16 if tile16 else 4
+            bw = min(512 if not tile16 else 256, max(8, triton.next_power_of_2(kw)))
+            grid = (triton.cdiv(m, bm), triton.cdiv(kw, bw))
+            _quant_bf16_tensor_kernel[grid](
+                xw, dptr, sptr, qsw, deqw, amax, nonfinite, scratch, rb, m, kw, xw.stride(0),
+                BLOCK_M=bm, BLOCK_W=bw, TILE16=tile16, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
+                WRITE_DEQ=write_deq, num_warps=8 if tile16 else 4,
+            )
+        return _finish(out)
+    # generic kernels (fp32 / fp16 / strided / CPU interpreter)
     if per_token:
         bm = 4 if m >= 4096 else (2 if m >= 512 else 1)
         bk = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
         _quantize_per_token_kernel[(triton.cdiv(m, bm),)](
-            x,
-            data if write_packed else dummy,
-            scales if write_packed else dummy,
-            qs if write_qs else dummy,
-            amax,
-            rbits if sr else dummy,
-            m,
-            k,
-            x.stride(0),
-            x.stride(1),
-            BLOCK_M=bm,
-            BLOCK_K=bk,
-            SR=sr,
-            WRITE_PACKED=write_packed,
-            WRITE_QS=write_qs,
-            num_warps=4,
+            x, data if write_packed else dummy, scales if write_packed else dummy, qs if write_qs else dummy,
+            amax, rbits if sr else dummy, m, k, x.stride(0), x.stride(1),
+            BLOCK_M=bm, BLOCK_K=bk, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs, num_warps=4,
         )
     else:
         if scratch is None:
@@ -506,26 +564,24 @@ def quantize_nvfp4_triton(
         bk = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
         grid = (triton.cdiv(m, bm), triton.cdiv(k, bk))
         _quantize_per_tensor_kernel[grid](
-            x,
-            data if write_packed else dummy,
-            scales if write_packed else dummy,
-            qs if write_qs else dummy,
-            amax,
-            scratch,
-            rbits if sr else dummy,
-            m,
-            k,
-            x.stride(0),
-            x.stride(1),
-            BLOCK_M=bm,
-            BLOCK_K=bk,
-            TILE16=tile16,
-            SR=sr,
-            WRITE_PACKED=write_packed,
-            WRITE_QS=write_qs,
+            x, data if write_packed else dummy, scales if write_packed else dummy, qs if write_qs else dummy,
+            amax, scratch, rbits if sr else dummy, m, k, x.stride(0), x.stride(1),
+            BLOCK_M=bm, BLOCK_K=bk, TILE16=tile16, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
             num_warps=4,
         )
-    return data, None if scales is None else scales.view(torch.float8_e4m3fn), amax, qs
+    torch.isnan(amax, out=nonfinite)
+    if write_deq:
+        if write_packed:
+            deq.copy_(dequantize_nvfp4_triton(data, scales, amax, per_token=per_token, dtype=torch.bfloat16))
+        else:
+            raise ValueError("write_deq on the generic path needs write_packed=True")
+    return _finish(out)
+
+
+def _finish(out: QuantOut) -> QuantOut:
+    if out.scales is not None and out.scales.dtype != torch.float8_e4m3fn:
+        out = out._replace(scales=out.scales.view(torch.float8_e4m3fn))
+    return out
 
 
 def dequantize_nvfp4_triton(

@@ -1,0 +1,365 @@
+"""``engine=local``: one process, CPU or one GPU. One GRPO step (design/ARCHITECTURE.md "One GRPO step"):
+
+prompts -> sampler (KV-cache decode, precision P) -> tokens + sampler_logp -> rewards -> GRPO advantages ->
+learner recomputes old_logp (one full forward, same P) -> delta = old_logp - sampler_logp -> policy loss
+(verl registry: vanilla / triage), PPO epochs x mini-batches x micro-batches -> AdamW -> weight sync
+(re-quantize) -> metrics (mismatch diagnostics every step) -> checkpoint.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import platform
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.config import Config, to_yaml
+from trainers.data import PromptSchedule, load_examples, render_prompt
+from trainers.learner import actor as A
+from trainers.learner.batch import RolloutBatch, collate
+from trainers.learner.logprobs import response_logprobs
+from trainers.models import load_model_and_tokenizer
+from trainers.rewards.registry import load_reward_fn, score_one
+from trainers.rollout.local import LocalSampler, SamplingParams
+from trainers.tracking import Tracker
+
+ENV_ECHO_PREFIXES = ("MINITE_", "WANDB_MODE", "WANDB_PROJECT", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
+                     "VERL_", "OMP_NUM_THREADS", "DISABLE_BACKWARD_QUANT", "PYTORCH_")
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive non-finite losses; the last good checkpoint is intact."""
+
+
+def env_snapshot() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_ECHO_PREFIXES)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def timed(store: dict[str, float], key: str, device: torch.device):
+    _sync(device)
+    t0 = time.perf_counter()
+    yield
+    _sync(device)
+    store[key] = store.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _write_meta(run_dir: pathlib.Path, updates: dict[str, Any]) -> None:
+    from trainers.checkpoint import atomic_write_text
+
+    path = run_dir / "run_meta.json"
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    meta.update(updates)
+    atomic_write_text(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]:
+    """Patch the linears with the precision recipe (shared by learner and sampler); 'bf16' leaves them as is."""
+    name = cfg.precision.learner
+    if name == "bf16":
+        return {"recipe": "bf16", "patched": False, "note": "plain torch linears in model.dtype"}
+    from minite_kernels import quantize_model
+
+    recipe = None if name == "auto" else name
+    env_recipe = os.environ.get("MINITE_RECIPE")
+    if env_recipe and recipe and env_recipe != recipe:
+        print(f"[trainers] MINITE_RECIPE={env_recipe} is ignored: the training recipe names precision "
+              f"{recipe!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
+    exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None
+    report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=cfg.precision.backend,
+                            lm_head="lm_head" not in cfg.precision.exclude)
+    return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
+            "quantized_layers": len(report.swapped)}
+
+
+def _weight_cache_misses(model) -> int:
+    try:
+        from minite_kernels.modules.functional import WeightCache
+    except ImportError:
+        return 0
+    n = 0
+    for m in model.modules():
+        for v in vars(m).values():
+            if isinstance(v, WeightCache):
+                n += v.misses
+    return n
+
+
+class LocalTrainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.run_dir = cfg.output_dir
+        self.ckpt_root = self.run_dir / "checkpoints"
+        dev = cfg.model.device
+        self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev)
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.trainer.seed)
+        np.random.seed(cfg.trainer.seed)
+        torch.manual_seed(cfg.trainer.seed)
+        self.examples = load_examples(cfg.data)  # data errors surface before the model loads
+        self.reward_fn, self.reward_name = load_reward_fn(cfg.reward.fn)
+        self.loss_fn = A.policy_loss_fn(cfg.algorithm.loss_mode)
+        self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
+                                                        device=str(self.device))
+        self.precision = apply_precision(self.model, cfg, self.run_dir)
+        self.sampler = LocalSampler(self.model, self.tok, batch_size=cfg.rollout.batch_size)
+        self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
+                                       cfg.data.shuffle)
+        self._prompt_cache: dict[int, list[int]] = {}
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        warm = o.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        group = cfg.rollout.prompts_per_step * cfg.rollout.n
+        self.actor_cfg = A.build_actor_config(cfg.algorithm, micro_batch_size=cfg.algorithm.micro_batch_size,
+                                              mini_batch_size=group // cfg.algorithm.mini_batches,
+                                              n=cfg.rollout.n)
+        self.diag_cfg = A.triage_config(cfg.algorithm)
+        self.state = {"nan_skipped_total": 0, "consecutive_nan": 0, "run_id": None}
+        self.start_step = 0
+        ckpt = None
+        if cfg.trainer.resume == "auto":
+            ckpt = latest_checkpoint(self.ckpt_root)
+        elif cfg.trainer.resume != "never":
+            ckpt = pathlib.Path(cfg.trainer.resume)
+        if ckpt is not None:
+            st = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            self.state.update({k: st[k] for k in self.state if k in st})
+            self.start_step = int(st["step"])
+            print(f"[trainers] resumed from {ckpt} (step {self.start_step})", file=sys.stderr)
+        self.state["run_id"] = self.state["run_id"] or uuid.uuid4().hex[:12]
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
+                "engine": "local", "device": str(self.device), "precision": self.precision,
+                "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
+                "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
+                "sampling_backend": "flashinfer" if self.sampler_backend() == "flashinfer" else "torch",
+                "num_examples": len(self.examples)}
+        _write_meta(self.run_dir, meta)
+        self.meta = meta
+        print(to_yaml(cfg), file=sys.stderr)
+
+    def sampler_backend(self) -> str:
+        from trainers.rollout.sampling import sampling_backend
+
+        return sampling_backend(self.device)
+
+    # ----------------------------------------------------------------------------------------------- step
+    def _prompt_ids(self, ex) -> list[int]:
+        if ex.index not in self._prompt_cache:
+            self._prompt_cache[ex.index] = render_prompt(self.tok, ex, self.cfg.data)
+        return self._prompt_cache[ex.index]
+
+    def _score(self, step: int, examples, completions) -> tuple[torch.Tensor, dict[str, float]]:
+        n = self.cfg.rollout.n
+        scores, extras = [], {}
+        for i, c in enumerate(completions):
+            ex = examples[i // n]
+            text = self.tok.decode(c.token_ids, skip_special_tokens=True)
+            s, extra = score_one(self.reward_fn, self.reward_name, data_source=ex.data_source, response=text,
+                                 ground_truth=ex.answer,
+                                 extra_info={"question": ex.question, "index": ex.index, "step": step, **ex.extra},
+                                 sample=f"step {step}, sample {i} (prompt index {ex.index})")
+            scores.append(s)
+            for k, v in extra.items():
+                extras.setdefault(f"reward/{k}", []).append(v)
+        return torch.tensor(scores, dtype=torch.float32), {k: float(np.mean(v)) for k, v in extras.items()}
+
+    def _logprobs(self, batch: RolloutBatch, rows: torch.Tensor, *, grad: bool, with_entropy: bool):
+        sub = batch.select(rows)
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx:
+            logp, ent = response_logprobs(self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                                          prompt_len=sub.prompt_len, temperature=self.cfg.rollout.temperature,
+                                          chunk_size=self.cfg.trainer.logprob_chunk_size,
+                                          with_entropy=with_entropy)
+        return logp, ent, sub.response_mask.shape[1]
+
+    def _recompute_old(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        B, R = batch.response_mask.shape
+        old = torch.zeros((B, R), device=self.device)
+        ent = torch.zeros((B, R), device=self.device)
+        mb = self.cfg.algorithm.micro_batch_size
+        self.model.eval()
+        for s in range(0, B, mb):
+            rows = torch.arange(s, min(s + mb, B), device=self.device)
+            lp, en, r = self._logprobs(batch, rows, grad=False, with_entropy=True)
+            old[rows, :r] = lp
+            ent[rows, :r] = en
+        return old, ent
+
+    def _update(self, step: int, batch: RolloutBatch, old: torch.Tensor, adv: torch.Tensor,
+                weights: torch.Tensor | None) -> tuple[dict[str, float], bool]:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        B = batch.response_mask.shape[0]
+        mask = batch.response_mask
+        gen = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
+        sums: dict[str, list[float]] = {}
+        nonfinite = False
+        grad_norms = []
+        self.model.train()
+        for _epoch in range(alg.ppo_epochs):
+            perm = torch.randperm(B, generator=gen).to(self.device)
+            for mini in perm.chunk(alg.mini_batches):
+                A.set_global_batch_info(self.actor_cfg, num_tokens=int(mask[mini].sum().item()),
+                                        num_seqs=int(mini.numel()))
+                self.optimizer.zero_grad(set_to_none=True)
+                pg_loss_sum = 0.0
+                for micro in mini.split(alg.micro_batch_size):
+                    logp, ent, r = self._logprobs(batch, micro, grad=True, with_entropy=alg.entropy_coeff > 0)
+                    loss, m = A.micro_batch_loss(
+                        self.actor_cfg, self.loss_fn, logp=logp, entropy=ent if alg.entropy_coeff > 0 else None,
+                        old_logp=old[micro, :r], advantages=adv[micro, :r], mask=mask[micro, :r],
+                        weights=None if weights is None else weights[micro, :r])
+                    if not A.is_finite(loss.detach()):
+                        nonfinite = True
+                        break
+                    loss.backward()
+                    pg_loss_sum += m.pop("actor/pg_loss")
+                    for k, v in m.items():
+                        sums.setdefault(k, []).append(v)
+                if nonfinite:
+                    break
+                sums.setdefault("actor/pg_loss", []).append(pg_loss_sum)
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
+                if not A.is_finite(gn):
+                    nonfinite = True
+                    break
+                grad_norms.append(float(gn))
+                self.optimizer.step()
+            if nonfinite:
+                break
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        if not nonfinite:
+            self.scheduler.step()
+        out = {k: float(np.mean(v)) for k, v in sums.items()}
+        if grad_norms:
+            out["actor/grad_norm"] = float(np.mean(grad_norms))
+        out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return out, nonfinite
+
+    def _weight_sync(self) -> dict[str, float]:
+        """The sampler shares the learner's parameters; quantized weight caches are keyed on the parameter
+        version counter, so the first sampler forward after the optimizer step re-quantizes. We trigger that
+        re-quantization here (a 1-token forward) so its cost is reported as `timing/sync_s`."""
+        if not self.precision.get("patched"):
+            return {}
+        before = _weight_cache_misses(self.model)
+        with torch.no_grad():
+            self.model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
+        return {"perf/requantized_weights": float(_weight_cache_misses(self.model) - before)}
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t: dict[str, float] = {}
+        t_step = time.perf_counter()
+        examples = self.schedule.batch(step)
+        prompts = [self._prompt_ids(ex) for ex in examples for _ in range(cfg.rollout.n)]
+        params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                                max_new_tokens=cfg.rollout.max_new_tokens,
+                                seed=cfg.trainer.seed * 1_000_003 + step)
+        self.model.eval()
+        with timed(t, "timing/rollout_s", self.device):
+            completions = self.sampler.generate(prompts, params)
+        with timed(t, "timing/reward_s", self.device):
+            scores, reward_extra = self._score(step, examples, completions)
+        batch = collate(completions, self.sampler.pad_id, self.device)
+        mask = batch.response_mask
+        group_ids = [i // cfg.rollout.n for i in range(len(completions))]
+        adv = A.grpo_advantages(scores, mask.cpu(), group_ids, cfg.algorithm.norm_adv_by_std_in_grpo).to(self.device)
+        with timed(t, "timing/logprob_s", self.device):
+            old, ent = self._recompute_old(batch)
+        from triage import mismatch_metrics
+
+        delta = (old - batch.sampler_logp) * mask
+        metrics: dict[str, float] = dict(mismatch_metrics(delta, adv, mask, self.diag_cfg))
+        weights, rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, mask)
+        metrics.update(rc_metrics)
+        with timed(t, "timing/update_s", self.device):
+            upd, nonfinite = self._update(step, batch, old, adv, weights)
+        for k, v in upd.items():
+            metrics.setdefault(k, v)
+        with timed(t, "timing/sync_s", self.device):
+            metrics.update(self._weight_sync())
+        ntok = batch.num_tokens
+        lengths = mask.sum(-1)
+        correct = (scores >= 1.0).float()
+        groups = scores.view(-1, cfg.rollout.n)
+        step_s = time.perf_counter() - t_step
+        metrics.update({
+            "reward/mean": float(scores.mean()), "reward/std": float(scores.std(unbiased=False)),
+            "reward/accuracy": float(correct.mean()),
+            "reward/solved_groups_frac": float((groups.max(-1).values >= 1).float().mean()),
+            "reward/zero_adv_groups_frac": float((groups.std(-1, unbiased=False) == 0).float().mean()),
+            "actor/entropy": float((ent * mask).sum() / mask.sum().clamp(min=1)),
+            "response/length_mean": float(lengths.float().mean()), "response/length_max": float(lengths.max()),
+            "response/clip_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+            "perf/response_tokens": float(ntok), "perf/step_s": step_s,
+            "perf/tokens_per_s": ntok / max(step_s, 1e-9),
+            "perf/rollout_tokens_per_s": ntok / max(t["timing/rollout_s"], 1e-9),
+            "train/nan_skipped": float(nonfinite), **reward_extra, **t,
+        })
+        if nonfinite:
+            self.state["nan_skipped_total"] += 1
+            self.state["consecutive_nan"] += 1
+        else:
+            self.state["consecutive_nan"] = 0
+        metrics["train/nan_skipped_total"] = float(self.state["nan_skipped_total"])
+        return metrics
+
+    # ----------------------------------------------------------------------------------------------- loop
+    def save(self, step: int) -> pathlib.Path:
+        return save_checkpoint(self.ckpt_root, step, model=self.model, tokenizer=self.tok, optimizer=self.optimizer,
+                               scheduler=self.scheduler, trainer_state=dict(self.state),
+                               keep=self.cfg.trainer.keep_checkpoints)
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.setup()
+        tracker = Tracker(cfg, self.run_dir, start_step=self.start_step, meta=self.meta)
+        last: dict[str, float] = {}
+        try:
+            for step in range(self.start_step, cfg.trainer.max_steps):
+                last = self.step(step)
+                done = step + 1
+                tracker.log(done, last)
+                if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
+                    raise TrainingDiverged(
+                        f"{self.state['consecutive_nan']} consecutive steps had a non-finite loss or gradient "
+                        f"(last at step {done}); stopping. The last good checkpoint is "
+                        f"{latest_checkpoint(self.ckpt_root) or '(none yet)'}, untouched.")
+                if self.state["consecutive_nan"] == 0 and (
+                        (cfg.trainer.save_every and done % cfg.trainer.save_every == 0)
+                        or (done == cfg.trainer.max_steps and cfg.trainer.save_final)):
+                    self.save(done)
+        finally:
+            tracker.close()
+        return {"run_dir": str(self.run_dir), "last_step_metrics": last,
+                "checkpoint": str(latest_checkpoint(self.ckpt_root) or "")}
+
+
+def run_local(cfg: Config) -> dict[str, Any]:
+    return LocalTrainer(cfg).train()
+
+
