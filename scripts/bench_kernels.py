@@ -135,6 +135,18 @@ def bench_quantize(args):
             2 * n + packed_bytes + 2 * n,
         ),
         ("per_token_qs_only", dict(per_token=True, write_packed=False, write_qs=True), 4 * n, 4 * n),
+        (
+            "per_token_1x16+deq",  # what the training forward writes (packed + dequantized bf16 operand)
+            dict(per_token=True, write_deq=True),
+            2 * n + packed_bytes + 2 * n,
+            2 * n + packed_bytes + 2 * n,
+        ),
+        (
+            "per_tensor_16x16+deq",  # weight sync with the GEMM operand refreshed
+            dict(per_token=False, tile16=True, write_deq=True),
+            4 * n + packed_bytes,
+            6 * n + packed_bytes,
+        ),
         ("per_tensor_1x16", dict(per_token=False), 2 * n + packed_bytes, 4 * n + packed_bytes),
         ("per_tensor_16x16", dict(per_token=False, tile16=True), 2 * n + packed_bytes, 4 * n + packed_bytes),
     ]
@@ -160,7 +172,7 @@ def bench_quantize(args):
             rec.update(emulated_torch_ms=ref_ms, speedup_vs_emulated=ref_ms / ms)
         emit(rec)
     # byte-exactness spot check on this very tensor (the tests do it exhaustively)
-    d, s, a, _ = quantize_nvfp4_triton(x, per_token=True)
+    d, s, a, *_ = quantize_nvfp4_triton(x, per_token=True)
     r = quantize_nvfp4(x, scaling="per_token")
     emit(
         {
@@ -207,32 +219,36 @@ def bench_linear(args):
         rec = {"bench": "linear_fwd", "case": f"{name}_{n}x{k}", "M": tokens, "N": n, "K": k}
         rec["bf16_ms"] = t_bf16 = bench(lambda: F.linear(x, w))
         add("bf16", t_bf16)
-        for impl in ("cublas", "triton"):
-            os.environ["MINITE_TRITON_GEMM"] = impl
-            t = bench(
-                lambda: tb.qgemm_nt(
-                    None,
-                    None,
-                    spec.a,
-                    spec.b,
-                    a_quantized=tb.quantize(x, spec.a),
-                    b_quantized=qw,
-                    out_dtype=torch.bfloat16,
-                )
-            )
-            rec[f"ours_{impl}_ms"] = t
-            rec[f"ratio_{impl}"] = t / t_bf16
-            add(impl, t)
-        os.environ["MINITE_TRITON_GEMM"] = "cublas"
-        qx = tb.quantize(x, spec.a)
-        qx.qs_transient = False
-        rec["quantize_x_ms"] = bench(lambda: tb.quantize(x, spec.a))
         from minite_kernels.backends.triton import scaled_mm_nt
 
-        for impl in ("cublas", "triton"):
-            rec[f"gemm_only_{impl}_ms"] = bench(
-                lambda: scaled_mm_nt(qx.qs, qw.qs, qx.amax, qw.amax, impl=impl)
+        def fwd():
+            tb._last = None  # no reuse across repetitions (the q/k/v input cache would hit)
+            return tb.qgemm_nt(
+                None, None, spec.a, spec.b, a_quantized=tb.quantize(x, spec.a), b_quantized=qw,
+                out_dtype=torch.bfloat16,
             )
+
+        for mode in ("dequant", "exact", "exact_fused"):
+            os.environ["MINITE_TRITON_GEMM"] = mode
+            tb._last = None
+            qw = tb.quantize(w, spec.b)
+            t = bench(fwd)
+            rec[f"ours_{mode}_ms"] = t
+            rec[f"ratio_{mode}"] = t / t_bf16
+            add(mode, t)
+            tb._last = None
+            rec[f"quantize_x_{mode}_ms"] = bench(lambda: (setattr(tb, "_last", None), tb.quantize(x, spec.a)))
+            qx = tb.quantize(x, spec.a)
+            if mode == "dequant":
+                rec["gemm_only_dequant_ms"] = bench(lambda: torch.mm(qx.deq, qw.deq.t()))
+            else:
+                qx.qs_transient = False
+                qa, qb = qx.exact_operand(), qw.exact_operand()
+                impl = "triton" if mode == "exact_fused" else "cublas"
+                rec[f"gemm_only_{mode}_ms"] = bench(lambda: scaled_mm_nt(qa, qb, qx.amax, qw.amax, impl=impl))
+        os.environ["MINITE_TRITON_GEMM"] = "dequant"
+        tb._last = None
+        qw = tb.quantize(w, spec.b)
         qw_e = eb.quantize(w, spec.b)
         rec["emulated_ms"] = t_e = bench(
             lambda: eb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw_e, out_dtype=torch.bfloat16),
@@ -283,10 +299,12 @@ def bench_linear(args):
                         rec["torchao_qat_linear_ms"] = bench(lambda: qat(x), rep=50, warmup=5)
                 except Exception as e:
                     rec["torchao_qat_linear_error"] = f"{type(e).__name__}: {e}"[:300]
-        # accuracy against the emulated reference on this shape
-        y = tb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+        # accuracy against the emulated reference (FP32 GEMM) on this shape, both output precisions
         y_ref = eb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw_e, out_dtype=torch.float32)
-        rec["rel_l2_vs_emulated"] = ((y - y_ref).norm() / y_ref.norm()).item()
+        for od in (torch.bfloat16, torch.float32):
+            tb._last = None
+            y = tb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=od).float()
+            rec[f"rel_l2_vs_emulated_{str(od)[6:]}"] = ((y - y_ref).norm() / y_ref.norm()).item()
         emit(rec)
 
         # fwd + bwd through the module (nvfp4_per_token_bf16_bwd) against nn.Linear in bf16
@@ -296,6 +314,11 @@ def bench_linear(args):
         xg = x.clone().requires_grad_()
 
         def step(mod):
+            tb_mod = getattr(mod, "backend_for", None)
+            if tb_mod is not None:
+                b = mod.backend_for(xg.device)
+                if hasattr(b, "_last"):
+                    b._last = None  # no reuse of the quantized input across repetitions
             y = mod(xg)
             y.backward(dy)
 
@@ -331,7 +354,7 @@ def bench_linear(args):
     out = {"bench": "linear_layer_total", "case": "qwen3_4b_block_7_linears", "M": tokens}
     for key, v in totals.items():
         out[f"{key}_ms"] = v
-    for key in ("cublas", "triton", "emulated", "torchao_weight_only", "torchao_fakequant_w4a4"):
+    for key in ("dequant", "exact", "exact_fused", "emulated", "torchao_weight_only", "torchao_fakequant_w4a4"):
         if key in totals:
             out[f"fwd_ratio_{key}"] = totals[key] / totals["bf16"]
     for key in ("nvfp4_per_token_bf16_bwd", "nvfp4_per_token"):
@@ -348,15 +371,15 @@ def bench_decode(args):
     totals: dict[tuple, float] = {}
     for name, n, k in layer_shapes(QWEN3_4B):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        wd, ws, wa, _ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
+        wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
         for b in (1, 4, 16):
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
 
             def ours():
-                _, _, xa, xqs = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-                return decode_linear(xqs, xa, wd, ws, wa)
+                o = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+                return decode_linear(o.qs, o.amax, wd, ws, wa)
 
-            _, _, xa, xqs = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+            _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
             ours()  # compile + allocate the split-K workspace outside graph capture
             torch.cuda.synchronize()
             t_b = bench(lambda: F.linear(x, w), graph=True)
@@ -364,6 +387,16 @@ def bench_decode(args):
             t_g = bench(lambda: decode_linear(xqs, xa, wd, ws, wa), graph=True)
             t_b_ev = bench(lambda: F.linear(x, w))
             t_o_ev = bench(ours)
+            sweep = {}
+            if args.decode_sweep:
+                cfgs = {1: ((16, 32), (8, 64), (16, 64), (32, 32), (8, 32)), 4: ((8, 32), (16, 32), (4, 64), (8, 64))}
+                for bn_, bkw_ in cfgs.get(b, ((64, 32), (32, 32), (64, 16), (128, 16))):
+                    try:
+                        decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_)
+                        sweep[f"{bn_}x{bkw_}"] = 1e3 * bench(
+                            lambda: decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_), graph=True)
+                    except Exception as e:  # a config that does not compile is reported, not fatal
+                        sweep[f"{bn_}x{bkw_}"] = f"{type(e).__name__}"
             wbytes_bf16 = 2 * n * k
             wbytes_fp4 = n * k // 2 + n * k // 16
             emit(
@@ -383,6 +416,7 @@ def bench_decode(args):
                     "speedup_no_graph": t_b_ev / t_o_ev,
                     "bf16_weight_GBps": wbytes_bf16 / t_b / 1e6,
                     "ours_weight_GBps": wbytes_fp4 / t_g / 1e6,
+                    "gemv_sweep_us": sweep,
                     "target_speedup": 2.0,
                 }
             )
@@ -651,6 +685,7 @@ def main(argv=None) -> int:
     p.add_argument("--lp-tokens", type=int, default=8 * 4096)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--model-emulated", action="store_true")
+    p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "kernels", "error": "needs a CUDA GPU"}))

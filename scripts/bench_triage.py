@@ -32,25 +32,30 @@ def make_inputs(batch: int, seqlen: int, device: str, dtype: torch.dtype, seed: 
     return cast(logp), cast(old), cast(sampler), cast(adv), mask.to(device)
 
 
-def timeit(fn, *, iters: int, warmup: int, device: str) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device.startswith("cuda"):
+def time_interleaved(cands: dict, *, iters: int, warmup: int, device: str) -> dict[str, list[float]]:
+    """Warm up every candidate, then time one call of each in turn, ``iters`` times (ms per call), so that
+    load changes on a shared machine hit all candidates alike."""
+    cuda = device.startswith("cuda")
+    for fn in cands.values():
+        for _ in range(warmup):
+            fn()
+    if cuda:
         torch.cuda.synchronize()
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    samples: dict[str, list[float]] = {k: [] for k in cands}
+    for _ in range(iters):
+        for name, fn in cands.items():
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                samples[name].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - t0) * 1e3)
+    return samples
 
 
 def main() -> None:
@@ -141,13 +146,7 @@ def main() -> None:
         cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag)}
         baseline = "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
 
-    # interleave the candidates so that load changes on a shared machine hit all of them alike
-    samples: dict[str, list[float]] = {k: [] for k in cands}
-    rounds = 4
-    per_round = -(-args.iters // rounds)
-    for r in range(rounds):
-        for name, fn in cands.items():
-            samples[name] += timeit(fn, iters=per_round, warmup=args.warmup if r == 0 else 1, device=args.device)
+    samples = time_interleaved(cands, iters=args.iters, warmup=args.warmup, device=args.device)
     med = {name: statistics.median(ts) for name, ts in samples.items()}
     base = med["vanilla_tis"]
     out = {

@@ -26,7 +26,7 @@ from triage.config import TriageConfig
 from triage.gate import segment_weights
 from triage.inputs import as_advantages, as_mask, check_logprob
 from triage.repair import pseudo_huber
-from triage.segments import segment_sum, segment_where
+from triage.segments import segment_count, segment_sum, segment_where
 from triage.tis import SAFETY_BOUND
 
 
@@ -94,60 +94,59 @@ def fused_terms(
 
 def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR0915 - one pass, on purpose
     metrics: dict[str, torch.Tensor] = {}
-    # non-finite policy: drop tokens whose inputs are NaN/inf. Fast path: four reductions show that
+    L = cfg.gate_segment_len
+    # non-finite policy: drop tokens whose inputs are NaN/inf. Fast path: three reductions show that
     # everything is finite (then valid = mask); otherwise build the per-token finite mask.
     delta = torch.where(mask, gap, 0.0)
+    sum_d = segment_sum(delta, L)
     x_raw = lp - old
-    total = x_raw.sum() + delta.sum() + adv.sum()
-    if bool(torch.isfinite(total)):
+    adv_check = adv[..., :1] if adv.stride(-1) == 0 else adv  # [B] advantages broadcast over T
+    if bool(torch.isfinite(x_raw.sum() + sum_d.sum() + adv_check.sum())):
         valid = mask
-        nonfinite = total.new_zeros(())
+        nonfinite = None
     else:
         chk = x_raw + delta
         chk += adv
         valid = torch.isfinite(chk).logical_and_(mask)
         del chk
         delta = torch.where(valid, delta, 0.0)
-        nonfinite = None
+        sum_d = segment_sum(delta, L)
+        nonfinite = torch.count_nonzero(mask)
     a = torch.where(valid, adv, 0.0)
 
     # gate statistics (64-token segments); padding and dropped tokens have delta = 0, a = 0
-    L = cfg.gate_segment_len
-    n_seg = segment_sum(valid, L)
+    n_seg = segment_count(valid, L)
     row_tokens = n_seg.sum(-1)
     n_valid = row_tokens.sum()
     nv = n_valid.clamp(min=1)
-    metrics["triage/nonfinite_tokens"] = nonfinite if nonfinite is not None else (mask.sum() - n_valid).float()
-    sum_d = segment_sum(delta, L)
+    metrics["triage/nonfinite_tokens"] = (nonfinite - n_valid).float() if nonfinite is not None else nv * 0.0
     tail = delta < cfg.gate_tail_threshold
     if cfg.gate_tail_threshold >= 0:
         tail &= valid
-    k = segment_sum(tail, L)
+    k = segment_count(tail, L)
     del tail
     w_seg = segment_weights(sum_d / n_seg.clamp(min=1), k, cfg)
     neg_gap = delta < 0
     neg_adv = a < 0
 
-    # TIS weight w = min(exp(clamp(delta)), C); k3 and TIS diagnostics from the same buffers
+    # TIS weight w = min(exp(clamp(delta)), C); k3 uses expm1 so that small gaps stay exact
     w = None
     if cfg.tis or cfg.diagnostics:
         n_all = float(delta.numel())
         dc = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        w = torch.expm1(dc)
         if cfg.diagnostics:
-            # k3 = mean_valid(exp(dc) - 1 - dc), summed per token (expm1 keeps small gaps exact); 0 on invalid
-            metrics["mismatch/k3_kl"] = (w - dc).sum() / nv
-        del dc
-        w += 1.0
+            # k3 = mean_valid(exp(dc) - 1 - dc); 0 on invalid tokens
+            metrics["mismatch/k3_kl"] = (torch.expm1(dc) - dc).sum() / nv
         if cfg.tis:
+            w = dc.exp_()
             if cfg.diagnostics:
-                clipped = (w >= cfg.tis_cap).sum() - ((n_all - n_valid) if cfg.tis_cap <= 1.0 else 0)
+                clipped = torch.count_nonzero(w >= cfg.tis_cap) - ((n_all - n_valid) if cfg.tis_cap <= 1.0 else 0)
                 metrics["tis/clip_frac"] = clipped / nv
             w.clamp_(max=cfg.tis_cap)
             if cfg.diagnostics:  # invalid tokens carry w = min(1, C)
                 metrics["tis/weight_mean"] = (w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)) / nv
         else:
-            w = None
+            del dc
             if cfg.diagnostics:
                 metrics["tis/clip_frac"] = nv * 0.0
                 metrics["tis/weight_mean"] = (n_valid > 0).float()
@@ -155,7 +154,7 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
     # token weight k = g * w * A (A = 0 where invalid, so k is too)
     if cfg.gate:
         cond = neg_gap & neg_adv
-        n_cond = segment_sum(cond, L)
+        n_cond = segment_count(cond, L)
         gated = w_seg < 1.0
         # sum_t m g = n - sum_s n_cond (1 - w_seg)
         gate_sum = row_tokens - (n_cond * (1.0 - w_seg)).sum(-1)
@@ -177,22 +176,21 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
     hi_t = torch.where(neg_adv, cfg.clip_ratio_c, 1.0 + cfg.clip_ratio_high)
     u = torch.clamp(r, lo_t, hi_t)
     del lo_t, hi_t
-    # verl's metrics: pg_clipfrac counts A > 0 with r > 1 + hi and A < 0 with r < 1 - lo;
-    # pg_clipfrac_lower counts A < 0 with r > c
-    n_lower = (r > cfg.clip_ratio_c).logical_and_(neg_adv).sum()
-    active = u == r
-    n_clipped_nonzero = (~active).logical_and_(a != 0).sum()
-    metrics["actor/pg_clipfrac"] = (n_clipped_nonzero - n_lower) / nv
-    metrics["actor/pg_clipfrac_lower"] = n_lower / nv
-    r_active = torch.where(active, r, 0.0)
-    del r, active
+    # verl's metrics from s = (u - r) A: pg_clipfrac counts A > 0 with r > 1 + hi and A < 0 with
+    # r < 1 - lo (both s < 0); pg_clipfrac_lower counts A < 0 with r > c (s > 0)
+    s_clip = (u - r).mul_(a)
+    metrics["actor/pg_clipfrac"] = torch.count_nonzero(s_clip < 0) / nv
+    metrics["actor/pg_clipfrac_lower"] = torch.count_nonzero(s_clip > 0) / nv
+    del s_clip
+    r_active = torch.where(u == r, r, 0.0)
+    del r
 
     # repair (128-token segments, A > 0; a > 0 implies valid)
     phi_sum = member = seg_coef = num_segments = num_active = None
     if cfg.repair:
         Lr = cfg.repair_segment_len
         member = a > 0
-        n_r = segment_sum(member, Lr)
+        n_r = segment_count(member, Lr)
         # current gap d = logp - sampler = (logp - old) + delta
         gbar = segment_sum(torch.where(member, x_raw + delta, 0.0), Lr) / n_r.clamp(min=1)
         nonempty = n_r > 0

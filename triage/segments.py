@@ -55,3 +55,20 @@ def segment_where(cond: torch.Tensor, seg: torch.Tensor, other: float, seg_len: 
         view = cond.reshape(*cond.shape[:-1], t // seg_len, seg_len)
         return torch.where(view, seg.unsqueeze(-1), other).reshape(cond.shape)
     return torch.where(cond, expand_segments(seg, seg_len, t), other)
+
+
+def segment_count(x: torch.Tensor, seg_len: int) -> torch.Tensor:
+    """``[..., T]`` bool -> ``[..., S]`` int32 counts of True per segment.
+
+    Sums the bytes in uint8 when a segment fits (``seg_len <= 255``), which avoids the int64 copy that
+    ``bool.sum`` makes."""
+    if seg_len > 255 or x.dtype != torch.bool:
+        return segment_sum(x, seg_len).to(torch.int32)
+    t = x.shape[-1]
+    full = (t // seg_len) * seg_len
+    u8 = x.view(torch.uint8)
+    head = u8[..., :full].reshape(*x.shape[:-1], full // seg_len, seg_len).sum(-1, dtype=torch.uint8)
+    if full == t:
+        return head.to(torch.int32)
+    tail = u8[..., full:].sum(-1, keepdim=True, dtype=torch.uint8)
+    return torch.cat((head, tail), dim=-1).to(torch.int32)

@@ -73,7 +73,7 @@ def test_quantize_bytes_match_reference(tk):
     x[3, 5] = float("inf")  # poisons row 3 (per token) / the whole tensor (per tensor)
     for scaling, tile in (("per_token", (1, 16)), ("per_tensor", (1, 16)), ("per_tensor", (16, 16))):
         for inp in (x, x[:, :32].float(), _heavy(32, 32, seed=1)):
-            d, s, a, _ = tk.quantize_nvfp4_triton(
+            d, s, a, *_ = tk.quantize_nvfp4_triton(
                 inp, per_token=scaling == "per_token", tile16=tile == (16, 16)
             )
             _same((d, s, a), quantize_nvfp4(inp, scaling=scaling, tile=tile))
@@ -84,7 +84,7 @@ def test_worked_example_bytes(tk):
     # notes §1.9: tensor amax 10, block amax 6.3 -> s_b = 288 (0x79); packed bytes 80 11 a2 44 5d e6 07 78
     vals = [0.1, -0.25, 0.3, 0.75, 1.0, -1.3, 2.0, 2.5, -3.1, 3.5, 4.2, -5.0, 5.9, 0.0, -0.01, 6.3]
     x = torch.tensor([vals + [10.0] + [0.0] * 15])
-    d, s, a, _ = tk.quantize_nvfp4_triton(x, per_token=False)
+    d, s, a, *_ = tk.quantize_nvfp4_triton(x, per_token=False)
     assert d[0, :8].tolist() == [0x80, 0x11, 0xA2, 0x44, 0x5D, 0xE6, 0x07, 0x78]
     assert s.view(torch.uint8)[0, 0].item() == 0x79 and a.item() == 10.0
 
@@ -118,7 +118,7 @@ def test_qgemm_and_decode_match_reference(tk):
     assert _rel(ref, y) < 1e-5
     qw = quantize_nvfp4(w, tile=(16, 16))
     for b, split in ((2, 2), (8, None)):  # FMA path with split-K, tensor-core path
-        _, _, xa, xqs = tk.quantize_nvfp4_triton(x[:b], per_token=True, write_packed=False, write_qs=True)
+        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x[:b], per_token=True, write_packed=False, write_qs=True)
         yd = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32, split=split)
         assert _rel(ref[:b], yd) < 1e-5
 

@@ -198,8 +198,8 @@ def test_property_right_padding_invariance(b, t, pad, seed):
     torch.testing.assert_close(lq.grad[:, :t], lp.grad, rtol=1e-5, atol=1e-7)
     assert torch.all(lq.grad[:, t:] == 0)
     assert m1.keys() == m2.keys()
-    for k in m1:
-        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+    for k in m1:  # metrics are fp32 sums over all positions: padding may move them by ~1e-7 per pad token
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-5), k
 
 
 def test_bench_baseline_matches_verl_vanilla_times_tis():

@@ -6,12 +6,12 @@ Processed log-prob (what verl calls ``logprobs_mode=processed_logprobs``) of the
     z[v] = -inf  for v outside top-k / top-p (only when they are set)
     logp(y) = z[y] - logsumexp(z)
 
-Example: logits [2, 1, 0], T = 2 -> z = [1, 0.5, 0]; logsumexp(z) = 1.9741 -> logp = [-0.9741, -1.4741, -1.9741].
+Example: logits [2, 1, 0], T = 2 -> z = [1, 0.5, 0]; logsumexp(z) = 1.6802 -> logp = [-0.6802, -1.1802, -1.6802].
 With top_k = 1, z = [1, -inf, -inf] and logp(0) = 0.
 
 T = 0 means greedy decoding; its log-probs are then those of the unscaled logits (T = 1).
 Sampling uses ``flashinfer.sampling.sampling_from_probs`` on CUDA tensors when flashinfer is importable,
-``torch.multinomial`` otherwise; both draw from the same processed distribution.
+inverse-CDF sampling in torch otherwise; both draw from the same processed distribution.
 """
 from __future__ import annotations
 
@@ -53,6 +53,18 @@ def sampling_backend(device: torch.device | str) -> str:
     return "flashinfer" if torch.device(device).type == "cuda" and flashinfer_sampling() is not None else "torch"
 
 
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One categorical draw per row: the first index whose cumulative probability exceeds u * total.
+
+    One uniform per row and an fp64 cumsum (much faster than ``torch.multinomial`` on 150k-token vocabularies
+    on CPU). A zero-probability token never has cdf[i] > cdf[i-1], so it is never drawn.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
 def sample_tokens(processed: torch.Tensor, *, greedy: bool = False, generator: torch.Generator | None = None,
                   backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from softmax(processed); return (token_ids int64 [B], logprobs fp32 [B])."""
@@ -63,5 +75,5 @@ def sample_tokens(processed: torch.Tensor, *, greedy: bool = False, generator: t
         fs = flashinfer_sampling()
         tokens = fs.sampling_from_probs(logp.exp(), deterministic=True, generator=generator).long()
     else:
-        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        tokens = inverse_cdf_sample(logp.exp(), generator)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,22 +1,37 @@
 """The Triton backend: exact NVFP4 emulation on Hopper/Ampere tensor cores (report §4.2, §5.1; notes §1.4, §2).
 
 - ``quantize``: the fused Triton quantizer (``quantize.py``), byte-identical to ``minite_kernels.formats``
-  (data, scales, amax), including stochastic rounding (the same random bytes, drawn from the same generator
-  as the reference) and RHT (the reference's bf16 transform, then the kernel). It returns a
-  :class:`TritonNVFP4Tensor`: a ``formats.NVFP4Tensor`` that also carries ``qs = e2m1 * s_b`` in BF16 (the
-  exact GEMM operand) and dequantizes with a Triton kernel (bit-equal to the reference).
-- ``qgemm_nt``: ``(qs_a @ qs_bᵀ) * amax_a * amax_b / 2688²`` on BF16 tensor cores with FP32 accumulation
-  (``gemm.py``), the outer scales in the epilogue.
-- Everything else (MXFP8, CPU tensors, float64 GEMMs) goes to the emulated backend, with a one-time warning
-  when it is a call the Triton path would normally take.
+  (data, scales, amax, nonfinite), including stochastic rounding (the same random bytes, drawn from the same
+  generator as the reference) and RHT (the reference's bf16 transform, then the kernel). It returns a
+  :class:`TritonNVFP4Tensor`: a ``formats.NVFP4Tensor`` that also carries, from the same kernel launch, the
+  dequantized values in BF16 (bit-equal to ``dequantize(torch.bfloat16)``) and optionally the exact
+  ``qs = e2m1 * s_b`` GEMM operand.
+- ``qgemm_nt``: one of two GEMM formulations, chosen by ``MINITE_TRITON_GEMM``:
 
-``qs`` lifetime: for operands quantized per tensor with round-to-nearest (weights, cached once per optimizer
-step) ``qs`` is kept; for per-token activations and gradients it is dropped after the GEMM consumed it (the
-packed bytes remain; a later GEMM recomputes ``qs`` from them), so a saved activation costs 4.5 bits/value.
+  ``dequant`` (default for BF16 outputs)::
+
+      Y = bf16(x̂) @ bf16(ŵ)ᵀ     (cuBLAS, FP32 accumulate)
+
+  the operands are the dequantized NVFP4 values rounded once to BF16 (relative error <= 2^-9 per element,
+  the same values a BF16 backward on dequantized operands uses, so forward and backward see one function);
+
+  ``exact`` (always used for FP32/FP16 outputs)::
+
+      Y = (qs_a @ qs_bᵀ) * amax_a * amax_b / 2688²       (qs exact in BF16, FP32 accumulate, FP32 epilogue)
+
+  TE's row-scaled GEMM semantics (``gemm.py``); ``exact_fused`` runs it as one Triton kernel.
+  Both are checked against the FP32 reference GEMM (tests state the tolerances).
+- MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
+
+Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
+input) are quantized once: the last round-to-nearest input is kept (a reference, so its memory cannot be
+reused) with its storage pointer, version counter, shape, strides and spec; any in-place change (the
+version counter moves) or any other tensor misses.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,16 +45,28 @@ from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GEMM_MODES = ("dequant", "exact", "exact_fused")
+
+
+def gemm_mode() -> str:
+    mode = os.environ.get("MINITE_TRITON_GEMM", "dequant").strip().lower()
+    if mode not in GEMM_MODES:
+        raise ValueError(f"MINITE_TRITON_GEMM={mode!r} is not valid; choose one of {list(GEMM_MODES)}")
+    return mode
 
 
 @dataclass(repr=False)
 class TritonNVFP4Tensor(NVFP4Tensor):
-    """``NVFP4Tensor`` plus the BF16 GEMM operand ``qs = e2m1 * s_b`` (exact); same bytes, same meaning."""
+    """``NVFP4Tensor`` plus GEMM operands made by the same kernel launch (same bytes, same meaning):
+    ``deq`` (BF16 dequantized values) and ``qs`` (exact BF16 ``e2m1 * s_b``), either may be None."""
 
     qs: torch.Tensor | None = None
+    deq: torch.Tensor | None = None
     qs_transient: bool = False
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.deq is not None and dtype == torch.bfloat16:
+            return self.deq.reshape(self.shape)
         if not kernel_device_ok(self.data):
             return super().dequantize(dtype)
         out = dequantize_nvfp4_triton(
@@ -51,8 +78,8 @@ class TritonNVFP4Tensor(NVFP4Tensor):
         )
         return out.reshape(self.shape).to(dtype)
 
-    def gemm_operand(self) -> torch.Tensor:
-        """The BF16 ``qs`` operand (computed from the packed bytes if it was dropped)."""
+    def exact_operand(self) -> torch.Tensor:
+        """The BF16 ``qs`` operand (recomputed from the packed bytes if it was dropped)."""
         qs = self.qs
         if qs is None:
             qs = dequantize_nvfp4_triton(self.data, self.scales, None, per_token=False, dtype=torch.bfloat16)
@@ -63,18 +90,36 @@ class TritonNVFP4Tensor(NVFP4Tensor):
         return qs
 
 
-def _gemm_operand(q: QuantizedOperand) -> tuple[torch.Tensor, torch.Tensor]:
-    """(BF16 operand, fp32 outer amax [1] or [rows]) of a quantized (or BF16) GEMM operand."""
+def _exact_operand(q: QuantizedOperand) -> tuple[torch.Tensor, torch.Tensor]:
+    """(BF16 operand, fp32 outer amax [1] or [rows]) for the exact GEMM."""
     if isinstance(q, torch.Tensor):  # a bf16-spec operand: amax 2688 makes the epilogue factor 1/2688
         return q, torch.full((1,), 2688.0, dtype=torch.float32, device=q.device)
     if isinstance(q, TritonNVFP4Tensor):
-        return q.gemm_operand(), q.amax
+        return q.exact_operand(), q.amax
     if isinstance(q, NVFP4Tensor):  # made by another backend (e.g. a cached weight): decode once, memoise
         qs = getattr(q, "_minite_qs", None)
         if qs is None or qs.device != q.data.device:
             qs = dequantize_nvfp4_triton(q.data, q.scales, None, per_token=False, dtype=torch.bfloat16)
             object.__setattr__(q, "_minite_qs", qs)
         return qs, q.amax
+    raise TypeError(f"triton backend: unsupported GEMM operand {type(q).__name__}")
+
+
+def _dequant_operand(q: QuantizedOperand) -> torch.Tensor:
+    """The BF16 dequantized operand for the ``dequant`` GEMM."""
+    if isinstance(q, torch.Tensor):
+        return q
+    if isinstance(q, TritonNVFP4Tensor):
+        if q.deq is None:
+            q.deq = q.dequantize(torch.bfloat16).reshape(q.rows, q.cols)
+        return q.deq.reshape(q.rows, q.cols)
+    if isinstance(q, NVFP4Tensor):
+        deq = getattr(q, "_minite_deq", None)
+        if deq is None or deq.device != q.data.device:
+            deq = dequantize_nvfp4_triton(q.data, q.scales, q.amax, per_token=q.scaling == "per_token",
+                                          dtype=torch.bfloat16)
+            object.__setattr__(q, "_minite_deq", deq)
+        return deq
     raise TypeError(f"triton backend: unsupported GEMM operand {type(q).__name__}")
 
 
@@ -86,6 +131,8 @@ class TritonBackend(Backend):
         from minite_kernels.backends.emulated import EmulatedBackend
 
         self._fallback = EmulatedBackend(device)
+        self._last: tuple | None = None  # (input, key, quantized) of the last round-to-nearest quantization
+        self._rht: dict[torch.device, torch.Tensor] = {}
 
     # --- capability ------------------------------------------------------------------------------
     @classmethod
@@ -103,13 +150,10 @@ class TritonBackend(Backend):
         if cap is None:
             return False, "triton: kernels need a CUDA GPU (sm_80+); no CUDA device is visible"
         if cap < (8, 0):
-            return (
-                False,
-                f"triton: kernels need BF16 tensor cores (sm_80+); this GPU is {capability_str(cap)}",
-            )
+            return False, f"triton: kernels need BF16 tensor cores (sm_80+); this GPU is {capability_str(cap)}"
         return True, (
             f"triton: exact NVFP4 emulation on {capability_str(cap)} BF16 tensor cores "
-            f"(fused quantize, FP32-accumulate GEMM with scales in the epilogue; {why})"
+            f"(fused quantize, BF16 tensor-core GEMM with FP32 accumulation; {why})"
         )
 
     def supports_quantize(self, spec: OperandSpec) -> tuple[bool, str]:
@@ -122,13 +166,27 @@ class TritonBackend(Backend):
         if not fmts <= {"nvfp4", "bf16"} or "nvfp4" not in fmts:
             return False, f"triton: NVFP4 GEMMs only ({a_spec.summary()} x {b_spec.summary()})"
         return True, (
-            f"triton: {a_spec.summary()} x {b_spec.summary()} as BF16 tensor-core GEMM on exact "
-            "q*s_b operands, FP32 accumulate, outer scales in the epilogue"
+            f"triton: {a_spec.summary()} x {b_spec.summary()} on BF16 tensor cores (FP32 accumulate; "
+            f"MINITE_TRITON_GEMM={gemm_mode()})"
         )
 
     # --- hooks -----------------------------------------------------------------------------------
     def _kernel_ok(self, x: torch.Tensor) -> bool:
         return kernel_device_ok(x) and (x.dtype in _KERNEL_DTYPES or x.dtype == torch.float64)
+
+    def _rht_apply(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference RHT (``formats.rht``): bf16 input, exact products, FP32 sums, one bf16 rounding;
+        here a BF16 GEMM with FP32 accumulation against the cached 16x16 matrix."""
+        from minite_kernels.formats import rht_matrix
+
+        r = self._rht.get(x.device)
+        if r is None:
+            r = self._rht[x.device] = rht_matrix(torch.bfloat16, x.device)
+        if not x.is_cuda:
+            from minite_kernels.formats import apply_rht
+
+            return apply_rht(x)
+        return (x.to(torch.bfloat16).reshape(-1, 16) @ r).reshape(x.shape)
 
     def _quantize(self, x2d: torch.Tensor, spec: OperandSpec, *, generator=None) -> QuantizedOperand:
         if not self._kernel_ok(x2d):
@@ -138,41 +196,57 @@ class TritonBackend(Backend):
                 "using the emulated (pure PyTorch) quantizer for such inputs",
             )
             return self._fallback._quantize(x2d, spec, generator=generator)
+        cacheable = not spec.stochastic_rounding
+        key = self._key(x2d, spec) if cacheable else None
+        if cacheable and self._last is not None and self._last[1] == key:
+            return self._last[2]
+        q = self._quantize_now(x2d, spec, generator)
+        self._last = (x2d, key, q) if cacheable else None
+        return q
+
+    @staticmethod
+    def _key(x: torch.Tensor, spec: OperandSpec) -> tuple:
+        return (x.data_ptr(), x._version, tuple(x.shape), tuple(x.stride()), x.dtype, x.device, spec, gemm_mode())
+
+    def _quantize_now(self, x2d: torch.Tensor, spec: OperandSpec, generator) -> TritonNVFP4Tensor:
         from minite_kernels import formats
 
         orig_shape, orig_dtype = x2d.shape, x2d.dtype
         x = x2d
         if spec.rht:
-            x = formats.apply_rht(x)  # bf16 [M, K], as the reference (notes §1.6)
+            x = self._rht_apply(x)  # bf16 [M, K], as the reference (notes §1.6)
         elif x.dtype == torch.float64:
             x = x.to(torch.float32)
         m, k = x.shape
-        if spec.tile == (16, 16) and m % 16:
-            return self._fallback._quantize(x2d, spec, generator=generator)
         rbits = None
         if spec.stochastic_rounding:
             rbits = formats.random_bytes((m, k), generator=generator, device=x.device)
         per_token = spec.scaling == "per_token"
-        data, scales, amax, qs = quantize_nvfp4_triton(
+        mode = gemm_mode()
+        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
+        out = quantize_nvfp4_triton(
             x,
             per_token=per_token,
             tile16=spec.tile == (16, 16),
             rbits=rbits,
             write_packed=True,
-            write_qs=True,
+            write_qs=not want_deq,
+            write_deq=want_deq,
         )
         transient = per_token or spec.stochastic_rounding or spec.rht
         return TritonNVFP4Tensor(
-            data=data,
-            scales=scales,
-            amax=amax,
+            data=out.data,
+            scales=out.scales,
+            amax=out.amax,
             shape=orig_shape,
             scaling=spec.scaling,
             tile=tuple(spec.tile),
             rounding="stochastic" if spec.stochastic_rounding else "nearest",
             rht=bool(spec.rht),
             orig_dtype=orig_dtype,
-            qs=qs,
+            nonfinite=out.nonfinite,
+            qs=out.qs,
+            deq=out.deq,
             qs_transient=transient,
         )
 
@@ -186,9 +260,12 @@ class TritonBackend(Backend):
                 "on the emulated backend",
             )
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
-        a, sa = _gemm_operand(qa)
-        b, sb = _gemm_operand(qb)
-        return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype)
+        mode = gemm_mode()
+        if mode == "dequant" and out_dtype == torch.bfloat16:
+            return torch.mm(_dequant_operand(qa), _dequant_operand(qb).t())
+        a, sa = _exact_operand(qa)
+        b, sb = _exact_operand(qb)
+        return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if mode == "exact_fused" else "cublas")
 
 
-__all__ = ["TritonBackend", "TritonNVFP4Tensor"]
+__all__ = ["GEMM_MODES", "TritonBackend", "TritonNVFP4Tensor", "gemm_mode"]

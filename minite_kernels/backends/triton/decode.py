@@ -29,6 +29,13 @@ INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
 
 
 @triton.jit
+def _nibble_value(c):
+    """fp32 value of E2M1 code c (0..15), sign included."""
+    mag = _e2m1_value(c & 7)
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
 def _decode_linear_kernel(
     x_ptr,
     xamax_ptr,
@@ -41,51 +48,56 @@ def _decode_linear_kernel(
     B,
     N,
     K,
-    k_per_split,
+    kw_per_split,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_KW: tl.constexpr,
     BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    """Weights are read as int32 words of 8 codes (elements 8j..8j+7, element 8j in the low nibble); nibble
+    ``i`` of every word in a tile is decoded in registers and multiplied with the activations at ``8j+i``
+    (no data moves between threads). The block scale (one per two words) multiplies the 8-nibble partial sums
+    (FMA path) or the decoded values (tensor-core path, where the product ``q*s_b`` is exact in BF16)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    KW = K // 8
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_b = tl.arange(0, BLOCK_B)
     nmask = offs_n < N
     bmask = offs_b < B
-    acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    for kk in range(0, k_per_split, BLOCK_K):
-        k0 = k_start + kk
-        hc = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kmask_h = hc < K // 2
-        wb = tl.load(
-            w_ptr + offs_n[:, None] * (K // 2) + hc[None, :], mask=nmask[:, None] & kmask_h[None, :], other=0
-        ).to(tl.int32)
-        codes = tl.reshape(tl.join(wb & 15, wb >> 4), [BLOCK_N, BLOCK_K])
-        mag = _e2m1_value(codes & 7)
-        vals = tl.where(codes >= 8, -mag, mag)
-        bc = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        sb = tl.load(
-            ws_ptr + offs_n[:, None] * (K // 16) + bc[None, :],
-            mask=nmask[:, None] & (bc[None, :] < K // 16),
-            other=0,
-        ).to(tl.int32)
-        s = _e4m3_decode(sb)
-        w = tl.reshape(tl.reshape(vals, [BLOCK_N, BLOCK_K // 16, 16]) * s[:, :, None], [BLOCK_N, BLOCK_K])
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_b[:, None] * K + cols[None, :], mask=bmask[:, None] & (cols[None, :] < K), other=0.0
-        )
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    else:
+        acc3 = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
+    kw_start = pid_k * kw_per_split
+    for kk in range(0, kw_per_split, BLOCK_KW):
+        kw = kw_start + kk + tl.arange(0, BLOCK_KW)
+        kmask = kw < KW
+        wmask = nmask[:, None] & kmask[None, :]
+        wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
+        sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
+        s = _e4m3_decode(sb.to(tl.int32))
+        xmask = bmask[:, None] & kmask[None, :]
+        xbase = x_ptr + offs_b[:, None] * K + (kw * 8)[None, :]
         if USE_DOT:
-            if DOT_F32:  # Triton's CPU interpreter mis-handles bf16 dots
-                acc = tl.dot(w, tl.trans(x.to(tl.float32)), acc)
-            else:
-                acc = tl.dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)), acc)
+            for i in tl.static_range(8):
+                v = _nibble_value((wd >> (4 * i)) & 15) * s
+                xi = tl.load(xbase + i, mask=xmask, other=0.0)
+                if DOT_F32:  # Triton's CPU interpreter mis-handles bf16 dots
+                    acc = tl.dot(v, tl.trans(xi.to(tl.float32)), acc)
+                else:
+                    acc = tl.dot(v.to(tl.bfloat16), tl.trans(xi.to(tl.bfloat16)), acc)
         else:
-            acc += tl.sum(w[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)
+            p = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
+            for i in tl.static_range(8):
+                v = _nibble_value((wd >> (4 * i)) & 15)
+                xi = tl.load(xbase + i, mask=xmask, other=0.0).to(tl.float32)
+                p += v[:, None, :] * xi[None, :, :]
+            acc3 += p * s[:, None, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
     xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
     wa = tl.load(wamax_ptr)
     res = (acc * INV_2688_SQ_C) * (xa[None, :] * wa)
@@ -101,8 +113,8 @@ def _decode_linear_kernel(
         if arrived == SPLIT - 1:
             tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
             for s_idx in tl.static_range(SPLIT):
-                p = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
-                tot += tl.load(p, mask=omask, other=0.0, cache_modifier=".cg")
+                pp = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
+                tot += tl.load(pp, mask=omask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
@@ -111,7 +123,7 @@ _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _workspace(device: torch.device, split: int, bb: int, n: int, nblocks: int):
-    key = (device, split, bb, n)
+    key = (device, split, bb, n, nblocks)
     ws = _WORKSPACE.get(key)
     if ws is None:
         ws = (
@@ -137,31 +149,37 @@ def decode_linear(
     *,
     out_dtype: torch.dtype = torch.bfloat16,
     split: int | None = None,
+    block_n: int | None = None,
+    block_kw: int | None = None,
 ) -> torch.Tensor:
-    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K], ``x_amax`` fp32 [B]) and a
-    packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16], ``w_amax`` [1])."""
+    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax`` fp32 [B])
+    and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16], ``w_amax`` [1]).
+    K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
     b, k = x_qs.shape
     n = w_data.shape[0]
     out = torch.empty((b, n), dtype=out_dtype, device=x_qs.device)
     if b == 0 or n == 0:
         return out
+    if k % 16 or not w_data.is_contiguous() or not x_qs.is_contiguous():
+        raise ValueError(f"decode_linear needs K % 16 == 0 and contiguous operands; got K={k}")
     use_dot = b > 4
-    bb = 16 if use_dot else triton.next_power_of_2(b)
-    bn = 32 if use_dot else 16
-    bk = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
+    bb = max(16, triton.next_power_of_2(b)) if use_dot else triton.next_power_of_2(b)
+    bn = block_n or (64 if use_dot else (16 if b == 1 else 8))
+    kw = k // 8
+    bkw = min(block_kw or 32, triton.next_power_of_2(kw))
     nblocks = triton.cdiv(n, bn)
     if split is None:
         target = 2 * _num_sms(x_qs.device)
         split = 1
-        while nblocks * split < target and split < 8 and k // (split * 2) >= 4 * bk:
+        while nblocks * split < target and split < 16 and kw // (split * 2) >= 2 * bkw:
             split *= 2
-    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per_split)
+    kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
+    split = triton.cdiv(kw, kw_per_split)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
     _decode_linear_kernel[(nblocks, split)](
         x_qs,
         x_amax,
-        w_data,
+        w_data.view(torch.int32),
         w_scales.view(torch.uint8),
         w_amax,
         out,
@@ -170,9 +188,9 @@ def decode_linear(
         b,
         n,
         k,
-        k_per_split,
+        kw_per_split,
         BLOCK_N=bn,
-        BLOCK_K=bk,
+        BLOCK_KW=bkw,
         BLOCK_B=bb,
         SPLIT=split,
         USE_DOT=use_dot,

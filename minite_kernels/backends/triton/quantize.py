@@ -519,7 +519,7 @@ def quantize_nvfp4_triton(
         if per_token:
             bw = max(8, triton.next_power_of_2(kw))
             bm = max(1, min(8, 2048 // bw))
-            warps = max(4, min(16, bm * bw // 256))
+            warps = max(4, min(32, bm * bw // 256))
             _quant_bf16_token_kernel[(triton.cdiv(m, bm),)](
                 xw, dptr, sptr, qsw, deqw, amax, nonfinite, rb, m, kw, xw.stride(0),
                 BLOCK_M=bm, BLOCK_W=bw, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
@@ -569,7 +569,7 @@ def quantize_nvfp4_triton(
             BLOCK_M=bm, BLOCK_K=bk, TILE16=tile16, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
             num_warps=4,
         )
-    torch.isnan(amax, out=nonfinite)
+    nonfinite.copy_(torch.isnan(amax))
     if write_deq:
         if write_packed:
             deq.copy_(dequantize_nvfp4_triton(data, scales, amax, per_token=per_token, dtype=torch.bfloat16))

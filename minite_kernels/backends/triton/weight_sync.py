@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from .quantize import quantize_nvfp4_triton
+from .quantize import QuantOut, quantize_nvfp4_triton
 
 
 class WeightRequantizer:
-    """Re-quantizes a fixed list of 2-D weights into preallocated NVFP4 buffers (optionally a CUDA graph)."""
+    """Re-quantizes a fixed list of 2-D weights into preallocated NVFP4 buffers (optionally a CUDA graph).
+
+    ``write_deq`` / ``write_qs`` also refresh the BF16 GEMM operands (dequantized values / exact ``q*s_b``) in
+    the same launch; ``quantized`` holds one :class:`TritonNVFP4Tensor` per weight (same objects every step).
+    """
 
     def __init__(
         self,
@@ -31,9 +35,10 @@ class WeightRequantizer:
         *,
         tile16: bool = True,
         write_qs: bool = False,
+        write_deq: bool = False,
         cuda_graph: bool = True,
     ) -> None:
-        from minite_kernels.formats import NVFP4Tensor
+        from .backend import TritonNVFP4Tensor
 
         if not weights:
             raise ValueError("WeightRequantizer needs at least one weight")
@@ -48,32 +53,36 @@ class WeightRequantizer:
         self.weights = list(weights)
         self.tile16 = tile16
         self.write_qs = write_qs
+        self.write_deq = write_deq
         dev = weights[0].device
-        self._bufs = []
+        self._bufs: list[tuple[QuantOut, torch.Tensor]] = []
         for w in self.weights:
             m, k = w.shape
-            self._bufs.append(
-                (
-                    torch.empty((m, k // 2), dtype=torch.uint8, device=dev),
-                    torch.empty((m, k // 16), dtype=torch.uint8, device=dev),
-                    torch.empty((1,), dtype=torch.float32, device=dev),
-                    torch.empty((m, k), dtype=torch.bfloat16, device=dev) if write_qs else None,
-                    torch.zeros(2, dtype=torch.int32, device=dev),
-                )
+            out = QuantOut(
+                torch.empty((m, k // 2), dtype=torch.uint8, device=dev),
+                torch.empty((m, k // 16), dtype=torch.uint8, device=dev),
+                torch.empty((1,), dtype=torch.float32, device=dev),
+                torch.empty((1,), dtype=torch.bool, device=dev),
+                torch.empty((m, k), dtype=torch.bfloat16, device=dev) if write_qs else None,
+                torch.empty((m, k), dtype=torch.bfloat16, device=dev) if write_deq else None,
             )
+            self._bufs.append((out, torch.zeros(2, dtype=torch.int32, device=dev)))
         self.quantized = [
-            NVFP4Tensor(
-                data=d,
-                scales=s.view(torch.float8_e4m3fn),
-                amax=a,
+            TritonNVFP4Tensor(
+                data=o.data,
+                scales=o.scales.view(torch.float8_e4m3fn),
+                amax=o.amax,
                 shape=w.shape,
                 scaling="per_tensor",
                 tile=(16, 16) if tile16 else (1, 16),
                 orig_dtype=w.dtype,
+                nonfinite=o.nonfinite,
+                qs=o.qs,
+                deq=o.deq,
             )
-            for w, (d, s, a, _, _) in zip(self.weights, self._bufs)
+            for w, (o, _) in zip(self.weights, self._bufs)
         ]
-        self.qs = [b[3] for b in self._bufs]
+        self.qs = [o.qs for o, _ in self._bufs]
         self._graph = None
         self._use_graph = bool(cuda_graph) and dev.type == "cuda"
 
@@ -82,19 +91,20 @@ class WeightRequantizer:
         return sum(w.numel() for w in self.weights)
 
     def _run(self) -> None:
-        for w, (d, s, a, qs, scratch) in zip(self.weights, self._bufs):
+        for w, (out, scratch) in zip(self.weights, self._bufs):
             quantize_nvfp4_triton(
                 w,
                 per_token=False,
                 tile16=self.tile16,
                 write_packed=True,
                 write_qs=self.write_qs,
-                out=(d, s, a, qs),
+                write_deq=self.write_deq,
+                out=out,
                 scratch=scratch,
             )
 
     def sync(self) -> list:
-        """Re-quantize all weights now; returns the (reused) NVFP4Tensor list."""
+        """Re-quantize all weights now; returns the (reused) TritonNVFP4Tensor list."""
         if not self._use_graph:
             self._run()
             return self.quantized

@@ -1,0 +1,88 @@
+"""Config: recipes, Hydra-style overrides, validation with the closest valid key / choices."""
+from __future__ import annotations
+
+import pytest
+
+from trainers.config import Config, ConfigError, all_keys, list_recipes, load_config, to_yaml
+
+REQUIRED = ["trainer.max_steps", "trainer.output_dir", "trainer.save_every", "trainer.resume", "trainer.seed",
+            "model.path", "logger.wandb.mode", "engine"]
+
+
+def test_required_keys_exist():
+    keys = all_keys()
+    assert all(k in keys for k in REQUIRED)
+
+
+def test_default_is_embedded_cpu_run():
+    cfg = load_config([])
+    assert cfg.recipe == "default" and cfg.engine == "local"
+    assert cfg.model.path == "smollm2-135m-instruct" and cfg.data.task == "arithmetic"
+    assert cfg.rollout.top_p == 1.0 and cfg.rollout.top_k == -1
+
+
+@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16", "default"])
+def test_every_training_recipe_loads(name):
+    assert name in list_recipes()
+    cfg = load_config([f"recipe={name}"])
+    assert isinstance(cfg, Config) and cfg.recipe == name
+
+
+def test_recipes_mean_what_they_say():
+    t = load_config(["recipe=triage_nvfp4"])
+    assert (t.precision.learner, t.precision.sampler) == ("nvfp4_per_token_bf16_bwd",) * 2
+    assert t.algorithm.loss_mode == "triage" and t.algorithm.triage["tis_cap"] == 2.0
+    tis = load_config(["recipe=tis_nvfp4"])
+    assert tis.algorithm.loss_mode == "vanilla" and tis.algorithm.rollout_correction.rollout_is == "token"
+    assert load_config(["recipe=nvfp4"]).algorithm.rollout_correction.rollout_is is None
+    assert load_config(["recipe=bf16"]).precision.learner == "bf16"
+
+
+def test_overrides_grammar():
+    cfg = load_config(["recipe=triage_bf16", "trainer.max_steps=3", "+algorithm.triage.repair_coef=0.05",
+                       "data.arithmetic.levels=[1,3]", "trainer.output_dir=null", "~optim.lr"])
+    assert cfg.trainer.max_steps == 3 and cfg.algorithm.triage == {"repair_coef": 0.05}
+    assert cfg.data.arithmetic.levels == (1, 3) and cfg.trainer.output_dir is None
+    assert cfg.optim.lr == Config().optim.lr
+    assert load_config(["precision=nvfp4_per_token"]).precision.sampler == "nvfp4_per_token"
+
+
+@pytest.mark.parametrize("args,match", [
+    (["trainer.max_step=3"], r"unknown config key 'trainer.max_step'; did you mean 'trainer.max_steps'\?"),
+    (["trainer.max_steps=3", "+trainer.seed=1"], r"\+trainer.seed: key already exists"),
+    (["engine=vlm"], r"engine='vlm' is not valid.*valid choices: 'local', 'verl'"),
+    (["recipe=triage_nvfp"], r"unknown recipe 'triage_nvfp'; did you mean 'triage_nvfp4'\?"),
+    (["model.dtype=float64"], r"model.dtype='float64' is not valid"),
+    (["rollout.n=two"], r"rollout.n='two' must be an integer"),
+    (["rollout.n=0"], r"rollout.n=0 must be > 0"),
+    (["rollout.top_p=0.9"], r"truncated sampling is refused"),
+    (["precision.learner=nvfp4_per_token"], r"engine=local shares one model object"),
+    (["precision=nvfp4_per_tokn"], r"did you mean 'nvfp4_per_token'\?"),
+    (["recipe=triage_bf16", "+algorithm.triage.repair_coeff=1"], r"did you mean 'repair_coef'\?"),
+    (["algorithm.triage.gate=false"], r"algorithm.loss_mode='vanilla'"),
+    (["recipe=triage_nvfp4", "algorithm.rollout_correction.rollout_is=token"], r"applies its own TIS cap"),
+    (["trainer.resume=/no/such/dir"], r"'auto', 'never' or an existing checkpoint directory"),
+    (["reward.fn=nocolon"], r"package.module:function"),
+    (["algorithm.mini_batches=3"], r"must divide"),
+    (["--verbose"], r"unknown option"),
+    (["trainer.max_steps"], r"must look like key=value"),
+])
+def test_bad_config_errors(args, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(args)
+
+
+def test_recipe_with_unknown_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults: [base]\ntrainer:\n  max_stepz: 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'trainer.max_steps'"):
+        load_config([f"recipe={bad}"])
+
+
+def test_yaml_roundtrip(tmp_path):
+    from trainers.config import from_yaml_file
+
+    cfg = load_config(["recipe=triage_nvfp4", "trainer.max_steps=7"])
+    p = tmp_path / "config.yaml"
+    p.write_text(to_yaml(cfg))
+    assert from_yaml_file(p) == cfg

@@ -1,0 +1,303 @@
+"""CPU tests of engine=verl: overrides vs verl's real Hydra config, the worker patch, parquet data, launch refusal."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from trainers.config import ConfigError, load_config
+from trainers.engines import verl as engine
+from trainers.engines import verl_patch
+from trainers.engines.verl_data import example_to_row, write_verl_data
+
+VERL_CONFIG_DIR = pathlib.Path(__import__("verl").__file__).parent / "trainer" / "config"
+
+
+def _cfg(tmp_path: pathlib.Path, recipe: str, *extra: str):
+    return load_config([f"recipe={recipe}", "engine=verl", f"trainer.output_dir={tmp_path / 'run'}",
+                        "data.arithmetic.size=40", *extra])
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(VERL_CONFIG_DIR), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def _flat_keys(node, prefix=""):
+    from omegaconf import DictConfig
+
+    out = set()
+    for k in node:
+        key = f"{prefix}{k}"
+        out.add(key)
+        v = node._get_node(k)
+        if isinstance(v, DictConfig):
+            out |= _flat_keys(v, key + ".")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+@pytest.mark.parametrize("recipe", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16"])
+def test_every_override_key_exists_in_verls_generated_config(tmp_path, recipe):
+    """Each non-'+' override names a key of verl 0.9.1's _generated_ppo_trainer.yaml; '+' ones do not."""
+    from omegaconf import OmegaConf
+
+    generated = _flat_keys(OmegaConf.load(VERL_CONFIG_DIR / "_generated_ppo_trainer.yaml"))
+    ov = engine.build_verl_overrides(_cfg(tmp_path, recipe))
+    assert len(ov) > 50
+    for item in ov:
+        key = item.split("=", 1)[0]
+        if key.startswith("+"):
+            assert key[1:] not in generated, f"{item}: '+' used on an existing key"
+        else:
+            assert key in generated, f"{item}: not a key of verl's config"
+    assert len({i.split("=", 1)[0].lstrip("+") for i in ov}) == len(ov)  # no key emitted twice
+
+
+def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
+    """Compose with verl's own Hydra config, run main_ppo's validate_config and build the actor dataclass."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from triage.verl import RAW_RATIO_THRESHOLD, TriagePolicyLossConfig
+
+    cfg = _cfg(tmp_path, "triage_nvfp4", "+algorithm.triage.repair_coef=0.05", "rollout.n=8",
+               "rollout.prompts_per_step=16", "algorithm.mini_batches=2", "verl.n_gpus_per_node=8")
+    c = _compose(engine.build_verl_overrides(cfg))
+    validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
+    assert not need_critic(c) and not need_reference_policy(c)
+
+    a = c.actor_rollout_ref
+    assert c.algorithm.adv_estimator == "grpo"
+    assert a.rollout.n == 8 and c.data.train_batch_size == 16 and a.actor.ppo_mini_batch_size == 8
+    assert a.rollout.name == "vllm" and a.rollout.logprobs_mode == "processed_logprobs"
+    assert a.rollout.calculate_log_probs is True
+    assert a.actor.policy_loss.loss_mode == "triage"
+    assert a.actor.loss_agg_mode == "seq-mean-token-mean"
+    rc = c.algorithm.rollout_correction
+    assert rc.rollout_is == "token" and rc.rollout_is_threshold == RAW_RATIO_THRESHOLD
+    assert rc.rollout_is_batch_normalize is False
+    assert list(a.model.external_lib) == ["trainers.engines.verl_patch", "triage.verl"]
+    assert c.reward.custom_reward_function.path == "pkg://trainers.engines.verl_patch"
+    assert c.reward.custom_reward_function.name == "compute_score"
+    env = c.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.MINITE_RECIPE == "nvfp4_per_token_bf16_bwd" == env.MINITE_SAMPLER_RECIPE
+    assert all(isinstance(v, str) for v in env.values())
+    assert a.actor.fsdp_config.qat.enable is True and a.actor.fsdp_config.qat.mode == "w4a16"
+    assert a.rollout.qat.enable is True  # vLLM's quant config follows the actor's (interpolation)
+    assert a.actor.optim.lr == cfg.optim.lr and list(a.actor.optim.betas) == list(cfg.optim.betas)
+    assert c.trainer.total_training_steps == cfg.trainer.max_steps
+    assert c.trainer.default_local_dir == str((tmp_path / "run" / "checkpoints").resolve())
+    assert c.data.train_files == str((tmp_path / "run" / "data" / "train.parquet").resolve())
+
+    actor = omega_conf_to_dataclass(a.actor)
+    assert isinstance(actor.policy_loss, TriagePolicyLossConfig)
+    assert actor.policy_loss.triage.repair_coef == 0.05
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+
+
+def test_tis_and_bf16_recipes_map_to_verls_own_tis_and_plain_vllm(tmp_path):
+    tis = _compose(engine.build_verl_overrides(_cfg(tmp_path, "tis_nvfp4")))
+    assert tis.algorithm.rollout_correction.rollout_is == "token"
+    assert tis.algorithm.rollout_correction.rollout_is_threshold == 2.0
+    assert tis.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    assert tis.actor_rollout_ref.actor.policy_loss._target_ == "verl.workers.config.PolicyLossConfig"
+
+    bf16 = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16", "logger.wandb.mode=disabled")))
+    assert bf16.algorithm.rollout_correction.rollout_is is None  # metrics only
+    assert bf16.actor_rollout_ref.actor.fsdp_config.qat.enable is False
+    assert bf16.ray_kwargs.ray_init.runtime_env.env_vars.MINITE_RECIPE == "bf16"
+    assert list(bf16.trainer.logger) == ["console", "file"]
+    assert list(bf16.actor_rollout_ref.model.external_lib) == ["trainers.engines.verl_patch"]
+
+
+def test_extra_overrides_replace_and_reward_hook(tmp_path):
+    cfg = _cfg(tmp_path, "bf16", "reward.fn=my_pkg.rewards:score",
+               "verl.extra=[trainer.val_before_train=true,+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true]")
+    ov = engine.build_verl_overrides(cfg)
+    assert "trainer.val_before_train=true" in ov and "trainer.val_before_train=false" not in ov
+    c = _compose(ov)
+    assert c.reward.custom_reward_function.path == "pkg://my_pkg.rewards"
+    assert c.reward.custom_reward_function.name == "score"
+    assert c.actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager is True
+
+
+def test_sampler_plan_and_bad_sampler_recipe(tmp_path):
+    plan = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4"))
+    assert plan.mode == "nvfp4_w4a16"
+    assert any("16x16" in n for n in plan.notes) and any("activations" in n for n in plan.notes)
+    w4a16 = engine.sampler_plan(_cfg(tmp_path, "bf16", "precision=w4a16_nvfp4"))
+    assert w4a16.mode == "nvfp4_w4a16" and len(w4a16.notes) == 1  # same 1x16 weights, BF16 activations
+    with pytest.raises(ConfigError, match="MXFP8"):
+        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "precision=mxfp8"))
+    with pytest.raises(ConfigError, match="must divide"):
+        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "rollout.prompts_per_step=6", "algorithm.mini_batches=4"))
+
+
+def test_quantization_config_matches_compressed_tensors_w4a16():
+    q = engine.quantization_config(engine.VERL_IGNORE_DEFAULT)
+    g = q["config_groups"]["group_0"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "nvfp4-pack-quantized"
+    assert g["weights"]["group_size"] == 16 and g["weights"]["num_bits"] == 4 and g["weights"]["type"] == "float"
+    assert g["input_activations"] is None  # W4A16
+    assert q["ignore"] == ["lm_head", "embed_tokens", "re:.*mlp.gate$"]
+
+
+# ---------------------------------------------------------------------------------------------- worker patch
+
+class _EngineConfig:
+    def __init__(self, forward_only: bool) -> None:
+        self.forward_only = forward_only
+
+
+def _fake_engine_cls(tokenizer_dir):
+    from trainers.models import tiny_random_qwen3
+
+    class FakeEngine:
+        def __init__(self, forward_only: bool = False) -> None:
+            self.engine_config = _EngineConfig(forward_only)
+            self.qat_calls = 0
+
+        def _build_module(self):
+            return tiny_random_qwen3(tokenizer_dir, seed=0)[0]
+
+        def _apply_qat(self, module):
+            self.qat_calls += 1
+            return module
+
+    return FakeEngine
+
+
+def test_patch_swaps_linears_and_keeps_state_dict(qwen3_tokenizer_dir, monkeypatch):
+    from minite_kernels.modules import Linear
+
+    monkeypatch.setenv(verl_patch.ENV_RECIPE, "nvfp4_per_token_bf16_bwd")
+    monkeypatch.setenv(verl_patch.ENV_BACKEND, "emulated")
+    monkeypatch.delenv(verl_patch.ENV_SAMPLER_RECIPE, raising=False)
+    FakeEngine = _fake_engine_cls(qwen3_tokenizer_dir)
+    reference = FakeEngine()._build_module()
+    assert verl_patch.wrap_engine_class(FakeEngine) is True
+    assert verl_patch.wrap_engine_class(FakeEngine) is False  # idempotent
+
+    module = FakeEngine()._build_module()
+    ref_sd, sd = reference.state_dict(), module.state_dict()
+    assert list(sd) == list(ref_sd)  # same names, same order: FSDP2 load + weight sync unchanged
+    assert all(torch.equal(sd[k], ref_sd[k]) for k in sd)
+    swapped = [n for n, m in module.named_modules() if isinstance(m, Linear)]
+    linears = [n for n, m in reference.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    assert sorted(swapped) == sorted(linears) and len(swapped) == 2 * 7  # q,k,v,o,gate,up,down x 2 layers
+    assert not isinstance(module.lm_head, Linear)
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        out, ref = module(ids).logits, reference(ids).logits
+    assert torch.isfinite(out).all() and not torch.equal(out, ref)  # NVFP4 forward differs from fp32
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert rel < 0.5, rel  # quantization noise, not a broken model
+
+    ref_engine = FakeEngine(forward_only=True)  # reference policy: left alone by default
+    assert not any(isinstance(m, Linear) for m in ref_engine._build_module().modules())
+    monkeypatch.setenv(verl_patch.ENV_PATCH_REF, "1")
+    assert any(isinstance(m, Linear) for m in ref_engine._build_module().modules())
+
+
+def test_patch_bf16_noop_and_qat_guard(qwen3_tokenizer_dir, monkeypatch):
+    from minite_kernels.modules import Linear
+
+    FakeEngine = _fake_engine_cls(qwen3_tokenizer_dir)
+    verl_patch.wrap_engine_class(FakeEngine)
+    monkeypatch.setenv(verl_patch.ENV_RECIPE, "bf16")
+    e = FakeEngine()
+    m = e._build_module()
+    assert not any(isinstance(x, Linear) for x in m.modules())
+    e._apply_qat(m)
+    assert e.qat_calls == 1  # launched without our sampler env: verl's QAT runs as usual
+    monkeypatch.setenv(verl_patch.ENV_SAMPLER_RECIPE, "nvfp4_per_token_bf16_bwd")
+    assert e._apply_qat(m) is m and e.qat_calls == 1  # QAT only packs weights for vLLM
+
+
+def test_install_wraps_the_real_fsdp_engine_once():
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    assert verl_patch.install() is False  # importing the module already installed it
+    assert getattr(FSDPEngine, "_minite_verl_patched", False)
+    assert FSDPEngine._build_module.__wrapped__.__qualname__ == "FSDPEngine._build_module"
+    assert FSDPEngine._apply_qat.__wrapped__.__qualname__ == "FSDPEngine._apply_qat"
+
+
+def test_compute_score_delegates_to_project_scorers():
+    assert verl_patch.compute_score("arithmetic", "3 + 5 = 8. The answer is 8", "8") == 1.0
+    assert verl_patch.compute_score("arithmetic", "The answer is 9", "8") == 0.0
+    assert verl_patch.compute_score("openai/gsm8k", "so #### 72", "72", extra_info={"index": 0}, num_turns=1) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- data + launch
+
+def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    cfg = _cfg(tmp_path, "bf16", "data.instruction=Answer with a number.")
+    train, val = write_verl_data(cfg.data, tmp_path / "d")
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    ds = RLHFDataset(str(train), tok, OmegaConf.create({"max_prompt_length": 64, "filter_overlong_prompts": True,
+                                                        "filter_overlong_prompts_workers": 1,
+                                                        "cache_dir": str(tmp_path / "cache")}))
+    assert len(ds) == 36  # 40 examples, 4 held out for val
+    row = ds[0]
+    assert row["data_source"] == "arithmetic" and row["ability"] == "math"
+    assert row["raw_prompt"][-1]["role"] == "user" and row["raw_prompt"][-1]["content"].endswith("\nAnswer with a number.")
+    assert row["reward_model"] == {"style": "rule", "ground_truth": row["reward_model"]["ground_truth"]}
+    assert int(row["reward_model"]["ground_truth"]) == eval(row["extra_info"]["question"][8:-1])
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(val).num_rows == 4
+
+
+def test_example_row_has_system_prompt(tmp_path):
+    from trainers.data import Example
+
+    cfg = _cfg(tmp_path, "bf16", "data.system_prompt=Be brief.")
+    row = example_to_row(Example(3, "What is 2 + 2?", "4", "arithmetic", {"level": 1}), cfg.data, "train")
+    assert row["prompt"] == [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "What is 2 + 2?"}]
+    assert row["extra_info"] == {"split": "train", "index": 3, "question": "What is 2 + 2?", "level": 1}
+
+
+def test_refuses_without_cuda_or_vllm(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(engine.VerlUnavailable) as e:
+        engine.run_verl(_cfg(tmp_path, "bf16"))
+    msg = str(e.value)
+    assert "CUDA" in msg and "engine=local" in msg
+    if __import__("importlib").util.find_spec("vllm") is None:
+        assert "vLLM" in msg
+    assert not (tmp_path / "run").exists()  # nothing written before refusing
+
+    from trainers.grpo import main
+
+    assert main(["recipe=bf16", "engine=verl", f"trainer.output_dir={tmp_path / 'run'}"]) == 1
+    assert "engine=local runs everywhere" in capsys.readouterr().err
+
+
+def test_dry_run_writes_data_and_overrides(tmp_path, capsys):
+    cfg = _cfg(tmp_path, "triage_nvfp4", "verl.dry_run=true")
+    assert engine.run_verl(cfg) == 0
+    run = tmp_path / "run"
+    saved = (run / engine.OVERRIDES_FILE).read_text().splitlines()
+    assert saved == engine.build_verl_overrides(cfg)
+    assert capsys.readouterr().out.splitlines() == saved
+    assert (run / "data" / "train.parquet").is_file() and (run / "data" / "val.parquet").is_file()
+    assert (run / "data" / engine.QUANT_CONFIG_FILE).is_file()
+    assert "verl.trainer.main_ppo" in (run / engine.COMMAND_FILE).read_text()
+    from trainers.config import from_yaml_file
+
+    assert from_yaml_file(run / "config.yaml") == cfg  # the resolved config round-trips
+    assert not [p for p in run.rglob("*.tmp")]  # atomic writes left no temp files
