@@ -277,7 +277,7 @@ def bench_linear(args):
                     wa = NVFP4Tensor.to_nvfp4(w, per_tensor_scale=per_tensor_amax_to_scale(w.abs().max()))
                     return F.linear(xa.dequantize(torch.bfloat16), wa.dequantize(torch.bfloat16))
 
-                rec["torchao_fakequant_w4a4_ms"] = t = bench(ao_fake, rep=50, warmup=5)
+                rec["torchao_fakequant_w4a4_ms"] = t = bench(ao_fake, rep=30, warmup=3)
                 rec["ratio_torchao_fakequant_w4a4"] = t / t_bf16
                 add("torchao_fakequant_w4a4", t)
             except Exception as e:
@@ -628,12 +628,16 @@ def bench_model(args):
 
     res = {}
     res["bf16"] = bench(step(base), rep=2000, warmup=500)
+    if args.profile:
+        _profile_step(step(base), "model_bf16")
     emit({"bench": "model", "case": "bf16", "seq": args.seq, "ms": res["bf16"]})
     for recipe in ("nvfp4_per_token_bf16_bwd", "nvfp4_per_token"):
         m = copy.deepcopy(base)
         rep = quantize_model(m, recipe, backend="triton")
         ms = bench(step(m), rep=2000, warmup=500)
         res[recipe] = ms
+        if args.profile and recipe == "nvfp4_per_token_bf16_bwd":
+            _profile_step(step(m), f"model_{recipe}")
         emit(
             {
                 "bench": "model",
@@ -662,6 +666,25 @@ def bench_model(args):
         )
 
 
+def _profile_step(fn, name: str) -> None:
+    """One profiled step: wall time vs summed GPU kernel time (CPU-bound when wall >> GPU), top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    gpu_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
+    top = sorted(events, key=lambda e: -getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)))[:12]
+    emit({"bench": "profile", "case": name, "wall_ms": 1e3 * wall, "gpu_kernel_ms": gpu_us / 1e3,
+          "gpu_busy_frac": gpu_us / 1e3 / (1e3 * wall),
+          "top_gpu": [[e.key[:60], round(getattr(e, "self_device_time_total", 0) / 1e3, 3), e.count] for e in top]})
+
+
 SECTIONS = {
     f.__name__: f
     for f in (
@@ -686,6 +709,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--model-emulated", action="store_true")
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
+    p.add_argument("--profile", action="store_true", help="profile one model step (CPU- vs GPU-bound)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "kernels", "error": "needs a CUDA GPU"}))

@@ -28,7 +28,7 @@ def make_inputs(batch: int, seqlen: int, device: str, dtype: torch.dtype, seed: 
     adv = torch.randn(batch, generator=g)
     lengths = torch.randint(seqlen // 2, seqlen + 1, (batch,), generator=g)
     mask = torch.arange(seqlen).unsqueeze(0) < lengths.unsqueeze(1)
-    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    cast = lambda x: x.to(device=device, dtype=dtype)
     return cast(logp), cast(old), cast(sampler), cast(adv), mask.to(device)
 
 
@@ -102,6 +102,7 @@ def main() -> None:
 
     cands = {}
     if verl is not None:
+
         def actor(triage=None):
             return ActorConfig(
                 strategy="fsdp",
@@ -135,23 +136,33 @@ def main() -> None:
             )
             loss.backward()
 
-        cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag), "triage_verl": through_verl}
+        cands = {
+            "vanilla_tis": vanilla,
+            "triage": ours(full),
+            "triage_nodiag": ours(nodiag),
+            "triage_verl": through_verl,
+        }
         baseline = "verl.compute_policy_loss_vanilla"
     else:
+
         def vanilla():
             logp.grad = None
             loss, _ = vanilla_tis_loss(logp, old, sampler, adv_bt, mask)
             loss.backward()
 
         cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag)}
-        baseline = "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
+        baseline = (
+            "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
+        )
 
     samples = time_interleaved(cands, iters=args.iters, warmup=args.warmup, device=args.device)
     med = {name: statistics.median(ts) for name, ts in samples.items()}
     base = med["vanilla_tis"]
     out = {
         "bench": "triage_loss_fwd_bwd",
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{torch.get_num_threads()}",
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"cpu x{torch.get_num_threads()}",
         "batch": args.batch,
         "seqlen": args.seqlen,
         "dtype": args.dtype,

@@ -98,7 +98,9 @@ class TriageConfig:
         if self.clip_ratio_high < 0:
             raise ValueError(f"TriageConfig.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
         if self.clip_ratio_c <= 1.0:
-            raise ValueError(f"TriageConfig.clip_ratio_c must be > 1 (dual-clip bound), got {self.clip_ratio_c}")
+            raise ValueError(
+                f"TriageConfig.clip_ratio_c must be > 1 (dual-clip bound), got {self.clip_ratio_c}"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | TriageConfig | None) -> TriageConfig:
@@ -123,3 +125,6 @@ class TriageConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+DEFAULT_CONFIG = TriageConfig()

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from triage.config import TriageConfig
+from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.gate import GateResult, compute_gate
 from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
 from triage.segments import segment_sum
@@ -59,7 +59,7 @@ def quantile_linear(values: torch.Tensor, q: float) -> torch.Tensor:
     if n == 0:
         return values.new_zeros(())
     pos = q * (n - 1)
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, n - 1)
     v_lo = torch.kthvalue(values, lo + 1).values
     if hi == lo:
@@ -146,7 +146,7 @@ def mismatch_metrics(
     delta: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: TriageConfig = TriageConfig(),
+    config: TriageConfig = DEFAULT_CONFIG,
 ) -> dict[str, float]:
     """§6 diagnostics that depend on the gap alone (all keys of :data:`MISMATCH_KEYS` plus
     ``triage/nonfinite_tokens``); ``triage/repair_*`` come from :func:`triage.repair_loss`."""

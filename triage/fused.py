@@ -18,6 +18,7 @@ definition; tests check both agree (values, gradients, metrics).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -92,26 +93,32 @@ def fused_terms(
         return _fused(lp, old, src, adv_in, mask, cfg)
 
 
-def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR0915 - one pass, on purpose
+def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     metrics: dict[str, torch.Tensor] = {}
     L = cfg.gate_segment_len
     # non-finite policy: drop tokens whose inputs are NaN/inf. Fast path: three reductions show that
-    # everything is finite (then valid = mask); otherwise build the per-token finite mask.
+    # everything is finite (then valid = mask); otherwise build the per-token finite mask. One host sync
+    # also brings the token count that the quantile needs.
     delta = torch.where(mask, gap, 0.0)
     sum_d = segment_sum(delta, L)
     x_raw = lp - old
     adv_check = adv[..., :1] if adv.stride(-1) == 0 else adv  # [B] advantages broadcast over T
-    if bool(torch.isfinite(x_raw.sum() + sum_d.sum() + adv_check.sum())):
-        valid = mask
-        nonfinite = None
-    else:
+    finite_total, n_host = torch.stack(
+        (x_raw.sum() + sum_d.sum() + adv_check.sum(), torch.count_nonzero(mask).float())
+    ).tolist()
+    nonfinite = None
+    valid = mask
+    if not math.isfinite(finite_total):
         chk = x_raw + delta
         chk += adv
         valid = torch.isfinite(chk).logical_and_(mask)
         del chk
         delta = torch.where(valid, delta, 0.0)
         sum_d = segment_sum(delta, L)
-        nonfinite = torch.count_nonzero(mask)
+        n_mask = n_host
+        n_host = int(torch.count_nonzero(valid))
+        nonfinite = n_mask - n_host
+    n_host = int(n_host)
     a = torch.where(valid, adv, 0.0)
 
     # gate statistics (64-token segments); padding and dropped tokens have delta = 0, a = 0
@@ -119,7 +126,7 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
     row_tokens = n_seg.sum(-1)
     n_valid = row_tokens.sum()
     nv = n_valid.clamp(min=1)
-    metrics["triage/nonfinite_tokens"] = (nonfinite - n_valid).float() if nonfinite is not None else nv * 0.0
+    metrics["triage/nonfinite_tokens"] = nv.new_tensor(float(nonfinite or 0), dtype=torch.float32)
     tail = delta < cfg.gate_tail_threshold
     if cfg.gate_tail_threshold >= 0:
         tail &= valid
@@ -140,7 +147,9 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
         if cfg.tis:
             w = dc.exp_()
             if cfg.diagnostics:
-                clipped = torch.count_nonzero(w >= cfg.tis_cap) - ((n_all - n_valid) if cfg.tis_cap <= 1.0 else 0)
+                clipped = torch.count_nonzero(w >= cfg.tis_cap) - (
+                    (n_all - n_valid) if cfg.tis_cap <= 1.0 else 0
+                )
                 metrics["tis/clip_frac"] = clipped / nv
             w.clamp_(max=cfg.tis_cap)
             if cfg.diagnostics:  # invalid tokens carry w = min(1, C)
@@ -219,7 +228,9 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
         metrics["mismatch/share/neg_adv_pos_gap"] = 0.5 * ((s_abs - s_a) - (s_abs_neg - s_a_neg)) / den
         nonempty_g = n_seg > 0
         n_seg_total = nonempty_g.sum().clamp(min=1)
-        metrics["triage/tail_dense_segment_frac"] = ((k >= cfg.gate_tail_k_cap) & nonempty_g).sum() / n_seg_total
+        metrics["triage/tail_dense_segment_frac"] = (
+            (k >= cfg.gate_tail_k_cap) & nonempty_g
+        ).sum() / n_seg_total
         if cfg.gate:
             metrics["triage/gated_segment_frac"] = ((n_cond > 0) & gated).sum() / n_seg_total
             metrics["triage/gated_token_frac"] = (n_cond * gated).sum() / nv
@@ -228,12 +239,23 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:  # noqa: PLR091
             metrics["triage/gated_segment_frac"] = nv * 0.0
             metrics["triage/gated_token_frac"] = nv * 0.0
             metrics["triage/mean_gate_weight"] = (n_valid > 0).float()
-        q05 = _q05_masked(delta, valid, int(n_valid))
+        q05 = _q05_masked(delta, valid, n_host)
         metrics["mismatch/gap_q05"] = q05
         metrics["mismatch/neg_tail_depth"] = -q05
 
     return Fused(
-        kw, u, r_active, gate_sum.float(), row_tokens, valid, phi_sum, member, seg_coef, num_segments, num_active, metrics
+        kw,
+        u,
+        r_active,
+        gate_sum.float(),
+        row_tokens,
+        valid,
+        phi_sum,
+        member,
+        seg_coef,
+        num_segments,
+        num_active,
+        metrics,
     )
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from triage.config import TriageConfig
+from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
 from triage.segments import expand_segments, segment_sum
 
@@ -48,7 +48,9 @@ def segment_weights(mu: torch.Tensor, k: torch.Tensor, cfg: TriageConfig) -> tor
     return torch.minimum(w_mean, w_tail)
 
 
-def compute_gate(delta: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor, cfg: TriageConfig) -> GateResult:
+def compute_gate(
+    delta: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor, cfg: TriageConfig
+) -> GateResult:
     """Core on prepared inputs: fp32 ``delta``/``adv`` ``[B, T]``, bool ``valid`` (finite where valid)."""
     with torch.no_grad():
         seg_len = cfg.gate_segment_len
@@ -79,7 +81,7 @@ def gate_weights(
     delta: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: TriageConfig = TriageConfig(),
+    config: TriageConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
     """Detached fp32 gate weights ``[B, T]`` (TRIAGE.md §2); 1 everywhere when ``config.gate`` is off.
 

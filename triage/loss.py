@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from triage.config import TriageConfig
+from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.diagnostics import to_floats
 from triage.fused import AttachGrad, fused_terms
 
@@ -39,7 +39,7 @@ def triage_policy_loss(
     sampler_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: TriageConfig = TriageConfig(),
+    config: TriageConfig = DEFAULT_CONFIG,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """TRIAGE loss ``L = L_pg + L_repair`` (fp32 scalar, grad through ``logp``) and float metrics.
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from triage.config import TriageConfig
+from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.diagnostics import metric_tensors, to_floats
 from triage.gate import compute_gate
 from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
@@ -58,7 +58,9 @@ def ppo_token_loss(
     cfg: TriageConfig,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """verl's ``vanilla`` per-token clipped loss (fp32) and its metrics (masked means over ``valid``)."""
-    neg_kl = torch.where(valid, logp.float() - old_logp.detach().float(), 0.0).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    neg_kl = torch.where(valid, logp.float() - old_logp.detach().float(), 0.0).clamp(
+        -SAFETY_BOUND, SAFETY_BOUND
+    )
     ratio = torch.exp(neg_kl)
     l1 = -adv * ratio
     l2 = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
@@ -68,7 +70,13 @@ def ppo_token_loss(
     loss = torch.where(neg_adv, torch.minimum(l3, c1), c1)
     with torch.no_grad():
         vf = valid.float()
-        s = torch.stack(((l2 > l1).float().mul(vf).sum(), (-neg_kl * vf).sum(), ((c1 > l3) & neg_adv).float().mul(vf).sum()))
+        s = torch.stack(
+            (
+                (l2 > l1).float().mul(vf).sum(),
+                (-neg_kl * vf).sum(),
+                ((c1 > l3) & neg_adv).float().mul(vf).sum(),
+            )
+        )
         s = s / vf.sum().clamp(min=1.0)
     return loss, {"actor/pg_clipfrac": s[0], "actor/ppo_kl": s[1], "actor/pg_clipfrac_lower": s[2]}
 
@@ -111,7 +119,7 @@ def triage_policy_loss_reference(
     sampler_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: TriageConfig = TriageConfig(),
+    config: TriageConfig = DEFAULT_CONFIG,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """TRIAGE loss ``L = L_pg + L_repair`` (fp32 scalar, grad through ``logp``) and float metrics.
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from triage.config import TriageConfig
+from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
 from triage.segments import segment_sum
 
@@ -74,7 +74,7 @@ def repair_loss(
     sampler_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: TriageConfig = TriageConfig(),
+    config: TriageConfig = DEFAULT_CONFIG,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``L_repair`` (fp32 scalar with grad through ``logp``) and its metrics (TRIAGE.md §4, §6).
 

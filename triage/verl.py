@@ -15,13 +15,18 @@ Sampler log-probs (route (c) of the integration notes)
     verl hands a loss no rollout log-probs, only ``rollout_is_weights``. With
     ``algorithm.rollout_correction.rollout_is=token``, ``rollout_is_threshold=1e9`` (above exp(20), so
     nothing is truncated) and ``rollout_is_batch_normalize=false``, verl computes
-    ``w = exp(clamp(old_logp - rollout_logp, -20, 20)) * mask``; this adapter recovers
-    ``delta = log(w)`` (exact up to fp32 rounding and the +-20 clamp that TIS also applies) and
-    ``sampler_logp = old_logp - delta``, then applies its own TIS cap ``C``, gate and repair. A valid token
-    whose weight is 0 (IcePop rejection, or a -inf gap) has no recoverable gap and is masked and counted in
-    ``triage/nonfinite_tokens``. ``verl_overrides()`` returns the Hydra overrides; without
+    ``w = exp(clamp(old_logp - rollout_logp, -20, 20)) * mask``; this adapter takes the gap
+    ``delta = old_logp - sampler_logp = log(w)`` (exact up to fp32 rounding and the +-20 clamp that TIS
+    also applies; ``sampler_logp_from_weights`` gives the log-probs themselves), then applies its own TIS
+    cap ``C``, gate and repair. A valid token whose weight is 0 (IcePop rejection, or a -inf gap) has no
+    recoverable gap and is masked and counted in ``triage/nonfinite_tokens``. ``verl_overrides()`` returns the Hydra overrides; without
     ``rollout_is_weights`` the loss raises an error that names them. Do not combine with a finite TIS
     threshold or batch normalisation: the gap would be silently distorted.
+
+Computation
+    The fused pass of ``triage.fused`` (analytic gradient attached with one autograd node; the §6
+    diagnostics in the metrics unless ``triage.diagnostics=false``), the same code as
+    :func:`triage.triage_policy_loss`.
 
 TRIAGE hyper-parameters
     ``actor_rollout_ref.actor.policy_loss._target_=triage.verl.TriagePolicyLossConfig`` makes the policy
@@ -124,7 +129,9 @@ def _to_triage_config(value: Any) -> TriageConfig:
     if value is None or isinstance(value, TriageConfig):
         return value if value is not None else TriageConfig()
     if not isinstance(value, Mapping):
-        raise TypeError(f"policy_loss.triage must be a mapping of TriageConfig fields, got {type(value).__name__}")
+        raise TypeError(
+            f"policy_loss.triage must be a mapping of TriageConfig fields, got {type(value).__name__}"
+        )
     try:
         from omegaconf import DictConfig, OmegaConf
 
@@ -157,7 +164,9 @@ def triage_config_from_actor(config: Any) -> TriageConfig:
     )
 
 
-def make_rollout_is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def make_rollout_is_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """verl's raw token IS weights ``exp(clamp(old - sampler, -20, 20)) * mask`` (fp32, detached).
 
     Equals ``compute_rollout_correction_weights(old - sampler, mask, "token", RAW_RATIO_THRESHOLD)``.
@@ -222,10 +231,15 @@ def compute_policy_loss_triage(
         num_tokens = gbi.get("batch_num_tokens")
         if num_tokens is None:
             if dp_size > 1:
-                raise ValueError("(global) batch_num_tokens is required in config.global_batch_info when dp_size > 1")
+                raise ValueError(
+                    "(global) batch_num_tokens is required in config.global_batch_info when dp_size > 1"
+                )
             num_tokens = f.valid.sum()
         with torch.no_grad():
-            seg_equiv = torch.as_tensor(num_tokens, dtype=torch.float32, device=log_prob.device) / cfg.repair_segment_len
+            seg_equiv = (
+                torch.as_tensor(num_tokens, dtype=torch.float32, device=log_prob.device)
+                / cfg.repair_segment_len
+            )
             scale = (cfg.repair_coef * dp_size) / seg_equiv.clamp(min=1e-30)
             rep_grad = f.repair_grad(scale, cfg.repair_segment_len)
             nseg = f.num_segments.clamp(min=1)
@@ -251,7 +265,11 @@ def verl_overrides(
         "algorithm.rollout_correction.rollout_is_batch_normalize=false",
     ]
     if triage is not None:
-        values = triage.to_dict() if isinstance(triage, TriageConfig) else dict(TriageConfig.from_mapping(triage).to_dict())
+        values = (
+            triage.to_dict()
+            if isinstance(triage, TriageConfig)
+            else dict(TriageConfig.from_mapping(triage).to_dict())
+        )
         defaults = TriageConfig().to_dict()
         for key, value in values.items():
             if value == defaults[key]:

@@ -44,10 +44,11 @@ def _ref(x, **kw):
 
 
 def _assert_same_bytes(data, scales, amax, ref):
-    assert torch.equal(data.cpu(), ref.data), f"data differs in {(data.cpu() != ref.data).sum().item()} bytes"
-    s, rs = scales.cpu().view(torch.uint8), ref.scales.view(torch.uint8)
+    rd = ref.data.cpu()
+    assert torch.equal(data.cpu(), rd), f"data differs in {(data.cpu() != rd).sum().item()} bytes"
+    s, rs = scales.cpu().view(torch.uint8), ref.scales.cpu().view(torch.uint8)
     assert torch.equal(s, rs), f"scales differ in {(s != rs).sum().item()} bytes"
-    assert torch.equal(amax.cpu().view(torch.int32), ref.amax.view(torch.int32))
+    assert torch.equal(amax.cpu().view(torch.int32), ref.amax.cpu().view(torch.int32))
 
 
 def _rel_l2(ref, x):

@@ -5,8 +5,8 @@ CRASH_AT_STEP: int | None = None
 
 
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
-    """1.0 for responses shorter than 20 characters: gives GRPO signal even on a random model."""
-    return {"score": float(len(solution_str) < 20), "chars": float(len(solution_str))}
+    """1.0 for responses with an even number of characters: gives GRPO signal even on a random model."""
+    return {"score": float(len(solution_str) % 2 == 0), "chars": float(len(solution_str))}
 
 
 def crash_at_step(data_source, solution_str, ground_truth, extra_info=None):

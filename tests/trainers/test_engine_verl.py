@@ -1,4 +1,5 @@
-"""CPU tests of engine=verl: overrides vs verl's real Hydra config, the worker patch, parquet data, launch refusal."""
+"""CPU tests of engine=verl: overrides vs verl's Hydra config, worker patch, parquet data, launch refusal."""
+
 from __future__ import annotations
 
 import pathlib
@@ -17,8 +18,15 @@ VERL_CONFIG_DIR = pathlib.Path(__import__("verl").__file__).parent / "trainer" /
 
 
 def _cfg(tmp_path: pathlib.Path, recipe: str, *extra: str):
-    return load_config([f"recipe={recipe}", "engine=verl", f"trainer.output_dir={tmp_path / 'run'}",
-                        "data.arithmetic.size=40", *extra])
+    return load_config(
+        [
+            f"recipe={recipe}",
+            "engine=verl",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            "data.arithmetic.size=40",
+            *extra,
+        ]
+    )
 
 
 def _compose(overrides: list[str]):
@@ -42,6 +50,7 @@ def _flat_keys(node, prefix=""):
 
 
 # ---------------------------------------------------------------------------------------------- overrides
+
 
 @pytest.mark.parametrize("recipe", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16"])
 def test_every_override_key_exists_in_verls_generated_config(tmp_path, recipe):
@@ -67,8 +76,15 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
 
     from triage.verl import RAW_RATIO_THRESHOLD, TriagePolicyLossConfig
 
-    cfg = _cfg(tmp_path, "triage_nvfp4", "+algorithm.triage.repair_coef=0.05", "rollout.n=8",
-               "rollout.prompts_per_step=16", "algorithm.mini_batches=2", "verl.n_gpus_per_node=8")
+    cfg = _cfg(
+        tmp_path,
+        "triage_nvfp4",
+        "+algorithm.triage.repair_coef=0.05",
+        "rollout.n=8",
+        "rollout.prompts_per_step=16",
+        "algorithm.mini_batches=2",
+        "verl.n_gpus_per_node=8",
+    )
     c = _compose(engine.build_verl_overrides(cfg))
     validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
     assert not need_critic(c) and not need_reference_policy(c)
@@ -118,8 +134,13 @@ def test_tis_and_bf16_recipes_map_to_verls_own_tis_and_plain_vllm(tmp_path):
 
 
 def test_extra_overrides_replace_and_reward_hook(tmp_path):
-    cfg = _cfg(tmp_path, "bf16", "reward.fn=my_pkg.rewards:score",
-               "verl.extra=[trainer.val_before_train=true,+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true]")
+    cfg = _cfg(
+        tmp_path,
+        "bf16",
+        "reward.fn=my_pkg.rewards:score",
+        "verl.extra=[trainer.val_before_train=true,"
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=true]",
+    )
     ov = engine.build_verl_overrides(cfg)
     assert "trainer.val_before_train=true" in ov and "trainer.val_before_train=false" not in ov
     c = _compose(ov)
@@ -137,19 +158,24 @@ def test_sampler_plan_and_bad_sampler_recipe(tmp_path):
     with pytest.raises(ConfigError, match="MXFP8"):
         engine.build_verl_overrides(_cfg(tmp_path, "bf16", "precision=mxfp8"))
     with pytest.raises(ConfigError, match="must divide"):
-        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "rollout.prompts_per_step=6", "algorithm.mini_batches=4"))
+        engine.build_verl_overrides(
+            _cfg(tmp_path, "bf16", "rollout.prompts_per_step=6", "algorithm.mini_batches=4")
+        )
 
 
 def test_quantization_config_matches_compressed_tensors_w4a16():
     q = engine.quantization_config(engine.VERL_IGNORE_DEFAULT)
     g = q["config_groups"]["group_0"]
     assert q["quant_method"] == "compressed-tensors" and q["format"] == "nvfp4-pack-quantized"
-    assert g["weights"]["group_size"] == 16 and g["weights"]["num_bits"] == 4 and g["weights"]["type"] == "float"
+    assert (
+        g["weights"]["group_size"] == 16 and g["weights"]["num_bits"] == 4 and g["weights"]["type"] == "float"
+    )
     assert g["input_activations"] is None  # W4A16
     assert q["ignore"] == ["lm_head", "embed_tokens", "re:.*mlp.gate$"]
 
 
 # ---------------------------------------------------------------------------------------------- worker patch
+
 
 class _EngineConfig:
     def __init__(self, forward_only: bool) -> None:
@@ -234,10 +260,14 @@ def test_install_wraps_the_real_fsdp_engine_once():
 def test_compute_score_delegates_to_project_scorers():
     assert verl_patch.compute_score("arithmetic", "3 + 5 = 8. The answer is 8", "8") == 1.0
     assert verl_patch.compute_score("arithmetic", "The answer is 9", "8") == 0.0
-    assert verl_patch.compute_score("openai/gsm8k", "so #### 72", "72", extra_info={"index": 0}, num_turns=1) == 1.0
+    assert (
+        verl_patch.compute_score("openai/gsm8k", "so #### 72", "72", extra_info={"index": 0}, num_turns=1)
+        == 1.0
+    )
 
 
 # ---------------------------------------------------------------------------------------------- data + launch
+
 
 def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir):
     from omegaconf import OmegaConf
@@ -247,13 +277,24 @@ def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir
     cfg = _cfg(tmp_path, "bf16", "data.instruction=Answer with a number.")
     train, val = write_verl_data(cfg.data, tmp_path / "d")
     tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
-    ds = RLHFDataset(str(train), tok, OmegaConf.create({"max_prompt_length": 64, "filter_overlong_prompts": True,
-                                                        "filter_overlong_prompts_workers": 1,
-                                                        "cache_dir": str(tmp_path / "cache")}))
+    ds = RLHFDataset(
+        str(train),
+        tok,
+        OmegaConf.create(
+            {
+                "max_prompt_length": 64,
+                "filter_overlong_prompts": True,
+                "filter_overlong_prompts_workers": 1,
+                "cache_dir": str(tmp_path / "cache"),
+            }
+        ),
+    )
     assert len(ds) == 36  # 40 examples, 4 held out for val
     row = ds[0]
     assert row["data_source"] == "arithmetic" and row["ability"] == "math"
-    assert row["raw_prompt"][-1]["role"] == "user" and row["raw_prompt"][-1]["content"].endswith("\nAnswer with a number.")
+    assert row["raw_prompt"][-1]["role"] == "user" and row["raw_prompt"][-1]["content"].endswith(
+        "\nAnswer with a number."
+    )
     assert row["reward_model"] == {"style": "rule", "ground_truth": row["reward_model"]["ground_truth"]}
     assert int(row["reward_model"]["ground_truth"]) == eval(row["extra_info"]["question"][8:-1])
     import pyarrow.parquet as pq
@@ -266,8 +307,10 @@ def test_example_row_has_system_prompt(tmp_path):
 
     cfg = _cfg(tmp_path, "bf16", "data.system_prompt=Be brief.")
     row = example_to_row(Example(3, "What is 2 + 2?", "4", "arithmetic", {"level": 1}), cfg.data, "train")
-    assert row["prompt"] == [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": "What is 2 + 2?"}]
+    assert row["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 2?"},
+    ]
     assert row["extra_info"] == {"split": "train", "index": 3, "question": "What is 2 + 2?", "level": 1}
 
 

@@ -33,8 +33,8 @@ def test_default_spec_is_builtin():
 
 
 def test_dict_result_extra_fields_logged():
-    score, extra = _call("reward_helpers:length_reward", "short")
-    assert score == 1.0 and extra == {"chars": 5.0}
+    score, extra = _call("reward_helpers:length_reward", "short!")
+    assert score == 1.0 and extra == {"chars": 6.0}
 
 
 def test_raising_reward_names_function_and_sample():

@@ -47,7 +47,9 @@ def test_invalid_values_name_the_field(kwargs, field):
         TriageConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"gate": 1}, "gate"), ({"gate_segment_len": 64.0}, "gate_segment_len")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"gate": 1}, "gate"), ({"gate_segment_len": 64.0}, "gate_segment_len")]
+)
 def test_wrong_types_name_the_field(kwargs, field):
     with pytest.raises(TypeError, match=field):
         TriageConfig(**kwargs)
@@ -57,3 +59,12 @@ def test_from_mapping_suggests_closest_field():
     assert TriageConfig.from_mapping({"repair_coef": 0.05, "_target_": "x"}).repair_coef == 0.05
     with pytest.raises(ValueError, match="did you mean 'repair_coef'"):
         TriageConfig.from_mapping({"repair_coeff": 0.05})
+
+
+def test_import_triage_does_not_import_verl():
+    import subprocess
+    import sys
+
+    code = "import sys, triage; assert not [m for m in sys.modules if m == 'verl' or m.startswith('verl.')]"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -49,7 +49,9 @@ def test_segment_fractions():
     assert out["triage/mean_gate_weight"] == pytest.approx((0.1 + 0.1 + 1 + 1) / 4)
     # gate off: nothing gated, but tail density is still reported
     off = mismatch_metrics(delta, torch.tensor([-1.0]), m, TriageConfig(gate_segment_len=2, gate=False))
-    assert off["triage/gated_token_frac"] == 0.0 and off["triage/tail_dense_segment_frac"] == pytest.approx(0.5)
+    assert off["triage/gated_token_frac"] == 0.0 and off["triage/tail_dense_segment_frac"] == pytest.approx(
+        0.5
+    )
 
 
 def test_empty_and_nonfinite():

@@ -16,7 +16,9 @@ CONFIGS = [
     TriageConfig(repair=False),
     TriageConfig(tis=False),
     TriageConfig(diagnostics=False),
-    TriageConfig(gate_segment_len=5, repair_segment_len=7, tis_cap=0.8, repair_boundary=0.3, gate_tail_threshold=0.5),
+    TriageConfig(
+        gate_segment_len=5, repair_segment_len=7, tis_cap=0.8, repair_boundary=0.3, gate_tail_threshold=0.5
+    ),
     TriageConfig(clip_ratio_low=0.1, clip_ratio_high=0.28, clip_ratio_c=1.5, repair_huber_delta=0.3),
 ]
 

@@ -21,7 +21,9 @@ def test_hand_computed_gate_and_normalisation():
     old = torch.full((2, 4), -1.0)
     logp = old.clone().requires_grad_()
     sampler = old - torch.tensor([[-2.0, -2.0, -2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    loss, metrics = triage_policy_loss(logp, old, sampler, torch.tensor([-1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), C4)
+    loss, metrics = triage_policy_loss(
+        logp, old, sampler, torch.tensor([-1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), C4
+    )
     e2 = math.exp(-2)
     row0 = (0.9 * e2 + 1) / 1.9
     assert loss.item() == pytest.approx((row0 - 2) / 2, rel=1e-6)
@@ -56,7 +58,14 @@ def test_repair_adds_to_loss():
     logp = old.clone().requires_grad_()
     sampler = old + 1.5
     full, m = triage_policy_loss(logp, old, sampler, torch.tensor([1.0]), torch.ones(1, 4), C4)
-    off, _ = triage_policy_loss(logp, old, sampler, torch.tensor([1.0]), torch.ones(1, 4), TriageConfig(gate_segment_len=4, repair_segment_len=4, repair=False))
+    off, _ = triage_policy_loss(
+        logp,
+        old,
+        sampler,
+        torch.tensor([1.0]),
+        torch.ones(1, 4),
+        TriageConfig(gate_segment_len=4, repair_segment_len=4, repair=False),
+    )
     assert (full - off).item() == pytest.approx(0.1 * (math.sqrt(2) - 1), rel=1e-5)
     assert m["triage/repair_loss"] == pytest.approx(0.1 * (math.sqrt(2) - 1), rel=1e-5)
     assert m["triage/repair_active_segment_frac"] == 1.0
@@ -115,8 +124,12 @@ def test_bf16_inputs_give_fp32_loss_close_to_fp32():
     sampler = old - torch.randn(3, 70, generator=g)
     adv = torch.randn(3, generator=g)
     m = torch.ones(3, 70, dtype=torch.bool)
-    lb, _ = triage_policy_loss(old.bfloat16().requires_grad_(), old.bfloat16(), sampler.bfloat16(), adv.bfloat16(), m)
-    lf, _ = triage_policy_loss(old.bfloat16().float(), old.bfloat16().float(), sampler.bfloat16().float(), adv.bfloat16().float(), m)
+    lb, _ = triage_policy_loss(
+        old.bfloat16().requires_grad_(), old.bfloat16(), sampler.bfloat16(), adv.bfloat16(), m
+    )
+    lf, _ = triage_policy_loss(
+        old.bfloat16().float(), old.bfloat16().float(), sampler.bfloat16().float(), adv.bfloat16().float(), m
+    )
     assert lb.dtype == torch.float32
     torch.testing.assert_close(lb, lf)
 
@@ -126,9 +139,15 @@ def _vanilla_tis(logp, old, sampler, adv, mask):
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
     from verl.workers.config import ActorConfig
 
-    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean")
-    w, _ = compute_rollout_correction_weights(old - sampler, mask, rollout_is="token", rollout_is_threshold=2.0)
-    loss, _ = compute_policy_loss_vanilla(old, logp, adv.unsqueeze(-1) * mask, mask, "seq-mean-token-mean", cfg, w)
+    cfg = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean"
+    )
+    w, _ = compute_rollout_correction_weights(
+        old - sampler, mask, rollout_is="token", rollout_is_threshold=2.0
+    )
+    loss, _ = compute_policy_loss_vanilla(
+        old, logp, adv.unsqueeze(-1) * mask, mask, "seq-mean-token-mean", cfg, w
+    )
     return loss
 
 
@@ -185,12 +204,16 @@ def test_property_right_padding_invariance(b, t, pad, seed):
     def padded(x, fill):
         return torch.cat([x, fill(gp)], dim=1)
 
-    junk = lambda g: torch.randn(b, pad, generator=g) * 50  # noqa: E731  (finite garbage under the mask)
+    junk = lambda g: torch.randn(b, pad, generator=g) * 50  # finite garbage under the mask
     lp = logp.clone().requires_grad_()
     lq = padded(logp, junk).requires_grad_()
     l1, m1 = triage_policy_loss(lp, old, sampler, adv, mask)
     l2, m2 = triage_policy_loss(
-        lq, padded(old, junk), padded(sampler, junk), adv, torch.cat([mask, torch.zeros(b, pad, dtype=torch.bool)], 1)
+        lq,
+        padded(old, junk),
+        padded(sampler, junk),
+        adv,
+        torch.cat([mask, torch.zeros(b, pad, dtype=torch.bool)], 1),
     )
     l1.backward()
     l2.backward()

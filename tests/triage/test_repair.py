@@ -106,6 +106,8 @@ def test_switch_off_and_nonfinite():
 
 def test_bf16_inputs_compute_in_fp32():
     logp = torch.tensor([[-1.0, -2.0, 0.0, 0.0]], dtype=torch.bfloat16, requires_grad=True)
-    loss, _ = repair_loss(logp, torch.zeros_like(logp), torch.tensor([1.0]), torch.ones(1, 4, dtype=torch.bool), C2)
+    loss, _ = repair_loss(
+        logp, torch.zeros_like(logp), torch.tensor([1.0]), torch.ones(1, 4, dtype=torch.bool), C2
+    )
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(0.1 * (math.sqrt(2) - 1) / 2, rel=1e-6)

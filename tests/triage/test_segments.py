@@ -11,7 +11,9 @@ def test_segment_sum_partial_last_segment():
     assert num_segments(5, 2) == 3
     assert segment_view(x, 2).shape == (1, 3, 2)
     assert torch.equal(segment_sum(x, 2), torch.tensor([[3.0, 7.0, 5.0]]))
-    assert torch.equal(expand_segments(torch.tensor([[3.0, 7.0, 5.0]]), 2, 5), torch.tensor([[3.0, 3, 7, 7, 5]]))
+    assert torch.equal(
+        expand_segments(torch.tensor([[3.0, 7.0, 5.0]]), 2, 5), torch.tensor([[3.0, 3, 7, 7, 5]])
+    )
 
 
 def test_segment_sum_exact_multiple_is_a_view_and_batched():

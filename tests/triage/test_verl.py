@@ -13,16 +13,19 @@ from hypothesis import strategies as st
 
 pytest.importorskip("verl")
 
-import triage.verl as tv  # noqa: E402
-from triage import TriageConfig, triage_policy_loss  # noqa: E402
-from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn  # noqa: E402
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights  # noqa: E402
-from verl.workers.config import ActorConfig  # noqa: E402
+from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+from verl.workers.config import ActorConfig
+
+import triage.verl as tv
+from triage import TriageConfig, triage_policy_loss
 
 
 def actor_config(mode="seq-mean-token-mean", triage=None, **kw):
     pl = tv.TriagePolicyLossConfig(triage=triage or {})
-    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, policy_loss=pl, **kw)
+    return ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, policy_loss=pl, **kw
+    )
 
 
 def batch(seed, b=6, t=300, lengths=None):
@@ -56,7 +59,9 @@ def call(cfg, logp, old, sampler, adv, mask, weights=None):
 def test_registered_and_weights_match_verl_raw_ratio():
     assert get_policy_loss_fn("triage") is tv.compute_policy_loss_triage
     _, old, sampler, _, mask = batch(0)
-    ref, _ = compute_rollout_correction_weights(old - sampler, mask, rollout_is="token", rollout_is_threshold=tv.RAW_RATIO_THRESHOLD)
+    ref, _ = compute_rollout_correction_weights(
+        old - sampler, mask, rollout_is="token", rollout_is_threshold=tv.RAW_RATIO_THRESHOLD
+    )
     assert torch.equal(tv.make_rollout_is_weights(old, sampler, mask), ref)
     # delta = log(w) is recovered up to fp32 rounding (|delta| <= 20)
     rec = tv.sampler_logp_from_weights(old, ref, mask)
@@ -67,7 +72,9 @@ def test_registered_and_weights_match_verl_raw_ratio():
 def test_gate_repair_off_equals_verl_vanilla_times_tis(mode):
     logp0, old, sampler, adv, mask = batch(1)
     cfg = actor_config(mode, {"gate": False, "repair": False})
-    w_tis, _ = compute_rollout_correction_weights(old - sampler, mask, rollout_is="token", rollout_is_threshold=2.0)
+    w_tis, _ = compute_rollout_correction_weights(
+        old - sampler, mask, rollout_is="token", rollout_is_threshold=2.0
+    )
     lv = logp0.clone().requires_grad_()
     ref, ref_m = compute_policy_loss_vanilla(old, lv, adv.unsqueeze(-1) * mask, mask, mode, cfg, w_tis)
     ref.backward()
@@ -110,7 +117,9 @@ def test_token_mean_applies_response_factor():
     from triage.gate import compute_gate
 
     delta = torch.where(mask, old - sampler, 0.0)
-    gate = compute_gate(delta, torch.where(mask, adv.unsqueeze(-1).expand_as(mask), 0.0), mask, TriageConfig())
+    gate = compute_gate(
+        delta, torch.where(mask, adv.unsqueeze(-1).expand_as(mask), 0.0), mask, TriageConfig()
+    )
     assert (gate.g[mask] < 1).any()
     torch.testing.assert_close((gate.g * mask * c.unsqueeze(-1)).sum(-1), mask.sum(-1).float())
 
@@ -131,7 +140,9 @@ def test_repair_normaliser_in_verl():
     assert m["triage/repair_loss"] == pytest.approx(0.1 * phi, rel=1e-5)
     # global mini-batch of 1024 tokens on 2 DP ranks: 0.1 * dp * sum phi / (1024 / 128)
     cfg = actor_config()
-    cfg.global_batch_info.update(dp_size=2, batch_num_tokens=1024, global_batch_size=4, loss_scale_factor=None)
+    cfg.global_batch_info.update(
+        dp_size=2, batch_num_tokens=1024, global_batch_size=4, loss_scale_factor=None
+    )
     cfg_off = actor_config(triage={"repair": False})
     cfg_off.global_batch_info.update(cfg.global_batch_info)
     on_g, _ = call(cfg, logp, old, sampler, adv, mask)
@@ -147,8 +158,15 @@ def test_missing_weights_and_bad_config_errors():
     logp, old, sampler, adv, mask = batch(4, b=2, t=10)
     fn = get_policy_loss_fn("triage")
     with pytest.raises(ValueError, match="rollout_is=token"):
-        fn(old_log_prob=old, log_prob=logp, advantages=adv.unsqueeze(-1) * mask, response_mask=mask,
-           loss_agg_mode="seq-mean-token-mean", config=actor_config(), rollout_is_weights=None)
+        fn(
+            old_log_prob=old,
+            log_prob=logp,
+            advantages=adv.unsqueeze(-1) * mask,
+            response_mask=mask,
+            loss_agg_mode="seq-mean-token-mean",
+            config=actor_config(),
+            rollout_is_weights=None,
+        )
     with pytest.raises(ValueError, match=r"rollout_is_weights has shape \(2, 9\)"):
         call(actor_config(), logp, old, sampler, adv, mask, weights=torch.ones(2, 9))
     with pytest.raises(ValueError, match="did you mean 'repair_coef'"):
@@ -185,7 +203,12 @@ def test_actor_clip_ratios_reach_the_loss():
 def test_property_micro_batch_split_gives_same_gradient(seed, sizes, mode):
     b = sum(sizes)
     logp0, old, sampler, adv, mask = batch(seed, b=b, t=200)
-    info = dict(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=b, loss_scale_factor=None)
+    info = {
+        "dp_size": 1,
+        "batch_num_tokens": int(mask.sum()),
+        "global_batch_size": b,
+        "loss_scale_factor": None,
+    }
     cfg = actor_config(mode)
     cfg.global_batch_info.update(info)
     full = logp0.clone().requires_grad_()
@@ -235,7 +258,14 @@ def test_hydra_config_reaches_the_loss():
     # the settings change the loss: gate off equals an explicit gate-off config
     logp, old, sampler, adv, mask = batch(6)
     a, _ = call(actor, logp, old, sampler, adv, mask)
-    b_, _ = call(actor_config(triage={"gate": False, "repair_coef": 0.05}, clip_ratio_high=0.28), logp, old, sampler, adv, mask)
+    b_, _ = call(
+        actor_config(triage={"gate": False, "repair_coef": 0.05}, clip_ratio_high=0.28),
+        logp,
+        old,
+        sampler,
+        adv,
+        mask,
+    )
     c, _ = call(actor_config(clip_ratio_high=0.28), logp, old, sampler, adv, mask)
     torch.testing.assert_close(a, b_)
     assert not torch.allclose(a, c)
@@ -244,7 +274,15 @@ def test_hydra_config_reaches_the_loss():
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     e.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd="/", timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd="/",
+        timeout=300,
+        check=False,
+    )
 
 
 def test_entry_point_and_external_lib_register_in_fresh_processes():

@@ -1,4 +1,4 @@
-"""engine=verl: translate a training recipe into ``python -m verl.trainer.main_ppo`` overrides and launch it (verl 0.9.1).
+"""engine=verl: turn a training recipe into ``verl.trainer.main_ppo`` overrides and launch it (verl 0.9.1).
 
     python -m trainers.grpo recipe=triage_nvfp4 engine=verl model.path=Qwen/Qwen3-4B data.task=gsm8k \\
         verl.n_gpus_per_node=8 verl.tensor_model_parallel_size=2
@@ -24,9 +24,9 @@ What the translation does (see ``build_verl_overrides``):
   path (``actor_rollout_ref.actor.fsdp_config.qat.enable=true, mode=w4a16``, a compressed-tensors
   ``nvfp4-pack-quantized`` config written next to the data): at every weight sync verl's ``QATQuantizer``
   packs each decoder linear weight as NVFP4 (E2M1 values, E4M3 scale per 1x16 block, FP32 global scale per
-  tensor, shared across fused q/k/v and gate/up) and vLLM serves it as W4A16 (``compressed-tensors``
-  W4A16-FP4, a Marlin kernel, on Hopper and on Blackwell alike). ``verl_patch`` keeps verl's own
-  ``QATLinear`` off the learner, whose linears follow ``precision.learner``.
+  tensor, the minimum taken across fused q/k/v and gate/up) and vLLM serves it as W4A16
+  (``compressed-tensors`` W4A16-FP4, a Marlin kernel, on Hopper and on Blackwell alike). ``verl_patch``
+  keeps verl's own ``QATLinear`` off the learner, whose linears follow ``precision.learner``.
 
 Mismatch consequences (documented, not hidden): the vLLM sampler is *not* numerically the learner's recipe.
 It quantizes weights in 1x16 blocks with a per-tensor global scale (the learner's NVFP4 recipes use 16x16
@@ -43,6 +43,7 @@ passes verl's ``validate_config`` (the check ``main_ppo`` runs before Ray starts
 ``TriagePolicyLossConfig``; data files load with ``RLHFDataset``; the refusal and the dry run work.
 Not verified: an actual verl run (needs CUDA GPUs and vLLM; neither exists on the development machines).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,8 +60,8 @@ from typing import Any
 
 from trainers.config import Config, ConfigError, to_yaml
 
-LOSS_PATCH_MODULE = "trainers.engines.verl_patch"
-REWARD_PATH = f"pkg://{LOSS_PATCH_MODULE}"
+PATCH_MODULE = "trainers.engines.verl_patch"
+REWARD_PATH = f"pkg://{PATCH_MODULE}"
 REWARD_NAME = "compute_score"
 OVERRIDES_FILE = "verl_overrides.txt"
 COMMAND_FILE = "verl_command.sh"
@@ -74,6 +75,7 @@ class VerlUnavailable(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
 
 def _q(value: Any) -> str:
     """A Hydra override value: bools/numbers/None as literals, strings quoted when not plain."""
@@ -141,22 +143,33 @@ def sampler_plan(cfg: Config) -> SamplerPlan:
         return SamplerPlan(name, "bf16", (f"recipe {name} runs a BF16 forward; vLLM samples in BF16",))
     if w.format != "nvfp4":
         raise ConfigError(
-            f"precision.sampler={cfg.precision.sampler!r} quantizes weights as {w.format}; verl's vLLM rollout "
-            "offers NVFP4 W4A16 (this engine) and blockwise-128 FP8, not MXFP8. Valid choices for engine=verl: "
-            "bf16 or an NVFP4 recipe (python -m minite_kernels recipes)")
-    notes = [("vLLM serves NVFP4 W4A16 (compressed-tensors nvfp4-pack-quantized, Marlin kernel): weights in "
-              "1x16 blocks with a per-tensor global scale, activations BF16")]
+            f"precision.sampler={cfg.precision.sampler!r} quantizes weights as {w.format}; verl's vLLM "
+            "rollout offers NVFP4 W4A16 (this engine) and blockwise-128 FP8, not MXFP8. "
+            "Valid choices for engine=verl: "
+            "bf16 or an NVFP4 recipe (python -m minite_kernels recipes)"
+        )
+    notes = [
+        (
+            "vLLM serves NVFP4 W4A16 (compressed-tensors nvfp4-pack-quantized, Marlin kernel): weights in "
+            "1x16 blocks with a per-tensor global scale (shared, min, across q/k/v and gate/up), "
+            "activations BF16"
+        )
+    ]
     if tuple(w.tile or (1, 16)) != (1, 16):
-        notes.append(f"recipe {name} quantizes learner weights in {w.tile[0]}x{w.tile[1]} tiles; the sampler "
-                     "uses 1x16 blocks, so quantized weights differ")
+        notes.append(
+            f"recipe {name} quantizes learner weights in {w.tile[0]}x{w.tile[1]} tiles; the sampler "
+            "uses 1x16 blocks, so quantized weights differ"
+        )
     if a.format != "bf16":
-        notes.append(f"recipe {name} quantizes activations ({a.format}, {a.scaling}); the sampler keeps BF16 "
-                     "activations (W4A4 needs static activation scales this project does not export)")
+        notes.append(
+            f"recipe {name} quantizes activations ({a.format}, {a.scaling}); the sampler keeps BF16 "
+            "activations (W4A4 needs static activation scales this project does not export)"
+        )
     return SamplerPlan(name, "nvfp4_w4a16", tuple(notes))
 
 
 def quantization_config(ignore: tuple[str, ...]) -> dict:
-    """compressed-tensors NVFP4 W4A16 config that verl injects into vLLM (``qat.quantization_config_path``)."""
+    """compressed-tensors NVFP4 W4A16 config verl injects into vLLM (``qat.quantization_config_path``)."""
     return {
         "quant_method": "compressed-tensors",
         "format": "nvfp4-pack-quantized",
@@ -164,8 +177,15 @@ def quantization_config(ignore: tuple[str, ...]) -> dict:
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group",
-                            "group_size": 16, "dynamic": False, "observer": "minmax"},
+                "weights": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "symmetric": True,
+                    "strategy": "tensor_group",
+                    "group_size": 16,
+                    "dynamic": False,
+                    "observer": "minmax",
+                },
                 "input_activations": None,
                 "output_activations": None,
                 "format": "nvfp4-pack-quantized",
@@ -208,8 +228,9 @@ def worker_env(cfg: Config) -> dict[str, str]:
     if mode != "disabled":
         env["WANDB_MODE"] = mode
     root = str(pathlib.Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                  if p and p != root])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    )
     return env
 
 
@@ -220,22 +241,29 @@ def _use_v1() -> bool:
 
 # --------------------------------------------------------------------------------------------- overrides
 
+
 def build_verl_overrides(cfg: Config) -> list[str]:
     """``verl.trainer.main_ppo`` Hydra overrides for the resolved training config ``cfg`` (pure, no I/O)."""
     if cfg.algorithm.adv_estimator != "grpo":  # pragma: no cover - schema allows only grpo today
-        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: engine=verl supports grpo")
+        raise ConfigError(
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: engine=verl supports grpo"
+        )
     r, a, t = cfg.rollout, cfg.algorithm, cfg.trainer
     if cfg.verl.ppo_mini_batch_size is not None:
         mini = cfg.verl.ppo_mini_batch_size
     else:
         if r.prompts_per_step % a.mini_batches:
             raise ConfigError(
-                f"algorithm.mini_batches={a.mini_batches} must divide rollout.prompts_per_step={r.prompts_per_step} "
-                "for engine=verl (verl splits mini-batches by prompt groups); or set verl.ppo_mini_batch_size")
+                f"algorithm.mini_batches={a.mini_batches} must divide "
+                f"rollout.prompts_per_step={r.prompts_per_step} "
+                "for engine=verl (verl splits mini-batches by prompt groups); or set verl.ppo_mini_batch_size"
+            )
         mini = r.prompts_per_step // a.mini_batches
     if mini <= 0 or r.prompts_per_step % mini:
-        raise ConfigError(f"verl.ppo_mini_batch_size={mini} must be > 0 and divide rollout.prompts_per_step="
-                          f"{r.prompts_per_step}")
+        raise ConfigError(
+            f"verl.ppo_mini_batch_size={mini} must be > 0 and divide rollout.prompts_per_step="
+            f"{r.prompts_per_step}"
+        )
     dd = data_dir(cfg).resolve()
     out = cfg.output_dir.resolve()
     ov: dict[str, str] = {}
@@ -254,7 +282,7 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("data.seed", t.seed)
     # model + learner
     put("actor_rollout_ref.model.path", resolve_model_path(cfg))
-    libs = [LOSS_PATCH_MODULE] + (["triage.verl"] if a.loss_mode == "triage" else [])
+    libs = [PATCH_MODULE] + (["triage.verl"] if a.loss_mode == "triage" else [])
     put("actor_rollout_ref.model.external_lib", libs)
     for role in ("actor", "ref"):
         put(f"actor_rollout_ref.{role}.strategy", "fsdp2")
@@ -270,7 +298,11 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     if cfg.optim.warmup_steps:
         put("actor_rollout_ref.actor.optim.lr_warmup_steps", cfg.optim.warmup_steps)
     if cfg.optim.eps != 1e-8:
-        put("actor_rollout_ref.actor.optim.override_optimizer_config", "{eps:" + repr(cfg.optim.eps) + "}", raw=True)
+        put(
+            "actor_rollout_ref.actor.optim.override_optimizer_config",
+            "{eps:" + repr(cfg.optim.eps) + "}",
+            raw=True,
+        )
     put("actor_rollout_ref.actor.ppo_mini_batch_size", mini)
     put("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
     put("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
@@ -359,6 +391,7 @@ def build_verl_overrides(cfg: Config) -> list[str]:
 
 # --------------------------------------------------------------------------------------------- launch
 
+
 def check_available() -> None:
     """Raise VerlUnavailable naming what is missing (CUDA, vLLM/SGLang, verl)."""
     missing = []
@@ -371,22 +404,28 @@ def check_available() -> None:
     except ImportError:  # pragma: no cover - torch is a hard dependency
         cuda = False
     if not cuda:
-        missing.append("a CUDA GPU (torch.cuda.is_available() is False; verl 0.9.1 has no CPU platform and its "
-                       "rollout is a vLLM/SGLang server)")
+        missing.append(
+            "a CUDA GPU (torch.cuda.is_available() is False; verl 0.9.1 has no CPU platform and its "
+            "rollout is a vLLM/SGLang server)"
+        )
     if importlib.util.find_spec("vllm") is None:
         missing.append("vLLM (pip install 'verl[vllm]==0.9.1', which pins vllm==0.24.0)")
     if missing:
-        raise VerlUnavailable("engine=verl cannot run here: missing " + "; ".join(missing)
-                              + ". engine=local runs everywhere (CPU or one GPU): drop engine=verl, or use "
-                              "verl.dry_run=true to print and save the verl command without running it.")
+        raise VerlUnavailable(
+            "engine=verl cannot run here: missing "
+            + "; ".join(missing)
+            + ". engine=local runs everywhere (CPU or one GPU): drop engine=verl, or use "
+            "verl.dry_run=true to print and save the verl command without running it."
+        )
 
 
-def _atomic_write(path: pathlib.Path, text: str) -> None:
+def _atomic_write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
@@ -406,14 +445,26 @@ def prepare(cfg: Config) -> tuple[list[str], SamplerPlan]:
     dd = data_dir(cfg)
     write_verl_data(cfg.data, dd)
     if plan.mode == "nvfp4_w4a16":
-        _atomic_write(dd / QUANT_CONFIG_FILE, json.dumps(quantization_config(_ignore_patterns(cfg)), indent=2) + "\n")
+        _atomic_write(
+            dd / QUANT_CONFIG_FILE, json.dumps(quantization_config(_ignore_patterns(cfg)), indent=2) + "\n"
+        )
     out = cfg.output_dir
     _atomic_write(out / "config.yaml", to_yaml(cfg))
     _atomic_write(out / OVERRIDES_FILE, "\n".join(overrides) + "\n")
-    _atomic_write(out / COMMAND_FILE, "#!/bin/sh\n" + shlex.join(command(overrides)) + "\n")
-    _atomic_write(out / "verl_sampler_plan.json",
-                  json.dumps({"recipe": plan.recipe, "mode": plan.mode, "notes": list(plan.notes),
-                              "learner_recipe": resolved_recipe_name(cfg.precision.learner)}, indent=2) + "\n")
+    _atomic_write(out / COMMAND_FILE, "#!/bin/sh\n" + shlex.join(command(overrides)) + "\n", mode=0o755)
+    _atomic_write(
+        out / "verl_sampler_plan.json",
+        json.dumps(
+            {
+                "recipe": plan.recipe,
+                "mode": plan.mode,
+                "notes": list(plan.notes),
+                "learner_recipe": resolved_recipe_name(cfg.precision.learner),
+            },
+            indent=2,
+        )
+        + "\n",
+    )
     return overrides, plan
 
 

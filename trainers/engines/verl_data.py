@@ -1,4 +1,4 @@
-"""Write the project's training prompts as verl parquet files (the ``data.train_files``/``val_files`` of engine=verl).
+"""Write the training prompts as verl parquet files (``data.train_files``/``val_files`` of engine=verl).
 
 One row per example, in the format ``verl.utils.dataset.rl_dataset.RLHFDataset`` reads (the same as verl's
 ``examples/data_preprocess/gsm8k.py``)::
@@ -16,6 +16,7 @@ chat template itself. The prompt order differs from engine=local: verl's dataloa
 
 Files are written atomically (temp file, then ``os.replace``).
 """
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,7 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> pa
     os.close(fd)
     try:
         pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
@@ -79,11 +81,14 @@ def default_val_size(n: int) -> int:
     return max(1, min(64, n // 10))
 
 
-def write_verl_data(cfg: DataConfig, out_dir: str | os.PathLike, *,
-                    val_size: int | None = None) -> tuple[pathlib.Path, pathlib.Path]:
+def write_verl_data(
+    cfg: DataConfig, out_dir: str | os.PathLike, *, val_size: int | None = None
+) -> tuple[pathlib.Path, pathlib.Path]:
     """Load the configured training set and write ``train.parquet`` / ``val.parquet`` under ``out_dir``."""
     examples = load_examples(cfg)
     train, val = split_examples(examples, default_val_size(len(examples)) if val_size is None else val_size)
     out = pathlib.Path(out_dir)
-    return (write_parquet([example_to_row(e, cfg, "train") for e in train], out / "train.parquet"),
-            write_parquet([example_to_row(e, cfg, "val") for e in val], out / "val.parquet"))
+    return (
+        write_parquet([example_to_row(e, cfg, "train") for e in train], out / "train.parquet"),
+        write_parquet([example_to_row(e, cfg, "val") for e in val], out / "val.parquet"),
+    )

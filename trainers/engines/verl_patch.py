@@ -18,7 +18,8 @@ Importing this module (``import_external_libs`` runs it in ``HFModelConfig.__pos
 Environment (set by ``trainers.engines.verl`` through ``ray_kwargs.ray_init.runtime_env.env_vars``):
 ``MINITE_RECIPE`` learner precision recipe (``bf16``/unset: no patching), ``MINITE_SAMPLER_RECIPE`` sampler
 recipe (documentation + QAT decision), ``MINITE_EXCLUDE`` comma-separated module-name patterns left BF16,
-``MINITE_BACKEND`` minite backend (default ``auto``), ``MINITE_PATCH_REF`` (``1`` also patches the ref engine),
+``MINITE_BACKEND`` minite backend (default ``auto``), ``MINITE_PATCH_REF`` (``1`` also patches the ref
+engine),
 ``MINITE_VERL_PATCH_DISABLE=1`` (import without patching).
 
 Caveat: verl enables non-reentrant gradient checkpointing; the recomputed forward re-quantizes activations.
@@ -34,6 +35,7 @@ Verified on CPU (tests/trainers/test_engine_verl.py): the wrapper applied to a f
 unchanged; the patch is idempotent; forward-only engines are skipped. Not verified here: a real
 multi-GPU FSDP2 run (no GPU, no vLLM on the development machines).
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,8 +73,10 @@ def quantize_hf_module(module: Any, *, forward_only: bool = False, env: dict[str
         logger.info("minite: %s unset or bf16; linears left as they are", ENV_RECIPE)
         return module
     if forward_only and not _truthy(env.get(ENV_PATCH_REF)):
-        logger.info("minite: forward-only engine (reference policy) left unpatched (set %s=1 to patch it)",
-                    ENV_PATCH_REF)
+        logger.info(
+            "minite: forward-only engine (reference policy) left unpatched (set %s=1 to patch it)",
+            ENV_PATCH_REF,
+        )
         return module
     if getattr(module, _MARK, None):
         logger.info("minite: module already patched with %s; skipping", getattr(module, _MARK))
@@ -83,9 +87,15 @@ def quantize_hf_module(module: Any, *, forward_only: bool = False, env: dict[str
     report = quantize_model(module, recipe, exclude=exclude, backend=(env.get(ENV_BACKEND) or "auto"))
     setattr(module, _MARK, recipe)
     swapped = len(report.swapped)
-    logger.warning("minite: quantized %d linears with recipe %s (coverage %.1f%% of linear params, backend %s, "
-                   "%d skipped)", swapped, report.recipe, 100.0 * report.coverage, report.backend,
-                   len(report.skipped))
+    logger.warning(
+        "minite: quantized %d linears with recipe %s (coverage %.1f%% of linear params, backend %s, "
+        "%d skipped)",
+        swapped,
+        report.recipe,
+        100.0 * report.coverage,
+        report.backend,
+        len(report.skipped),
+    )
     return module
 
 
@@ -104,13 +114,18 @@ def wrap_engine_class(cls: type) -> bool:
     cls._build_module = _build_module
     original_qat = getattr(cls, "_apply_qat", None)
     if original_qat is not None:
+
         @functools.wraps(original_qat)
         def _apply_qat(self, module: Any, *args: Any, **kwargs: Any) -> Any:
-            if os.environ.get(ENV_SAMPLER_RECIPE) and (getattr(module, _MARK, None)
-                                                       or learner_recipe() is None):
-                logger.warning("minite: verl QAT is on only to pack NVFP4 weights for vLLM (sampler recipe %s); "
-                               "learner linears keep recipe %s instead of verl's QATLinear",
-                               os.environ.get(ENV_SAMPLER_RECIPE), learner_recipe() or "bf16")
+            if os.environ.get(ENV_SAMPLER_RECIPE) and (
+                getattr(module, _MARK, None) or learner_recipe() is None
+            ):
+                logger.warning(
+                    "minite: verl QAT is on only to pack NVFP4 weights for vLLM (sampler recipe %s); "
+                    "learner linears keep recipe %s instead of verl's QATLinear",
+                    os.environ.get(ENV_SAMPLER_RECIPE),
+                    learner_recipe() or "bf16",
+                )
                 return module
             return original_qat(self, module, *args, **kwargs)
 
@@ -125,23 +140,35 @@ def install() -> bool:
 
     patched = wrap_engine_class(FSDPEngine)
     if patched:
-        logger.warning("minite: FSDPEngine._build_module wrapped (learner recipe %s, sampler recipe %s)",
-                       learner_recipe() or "bf16", os.environ.get(ENV_SAMPLER_RECIPE) or "bf16")
+        logger.warning(
+            "minite: FSDPEngine._build_module wrapped (learner recipe %s, sampler recipe %s)",
+            learner_recipe() or "bf16",
+            os.environ.get(ENV_SAMPLER_RECIPE) or "bf16",
+        )
     return patched
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  **kwargs: Any) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> float:
     """verl ``custom_reward_function``: the project's built-in scorer (math-verify / GSM8K answers)."""
     from trainers.rewards.registry import compute_score as score
 
-    return float(score(data_source=data_source, solution_str=solution_str, ground_truth=str(ground_truth),
-                       extra_info=extra_info))
+    return float(
+        score(
+            data_source=data_source,
+            solution_str=solution_str,
+            ground_truth=str(ground_truth),
+            extra_info=extra_info,
+        )
+    )
 
 
 if not _truthy(os.environ.get("MINITE_VERL_PATCH_DISABLE")):
     try:
         install()
     except ImportError as e:  # pragma: no cover - verl without its FSDP engine
-        raise ImportError(f"trainers.engines.verl_patch needs verl's FSDP engine "
-                          f"(verl.workers.engine.fsdp.transformer_impl): {e}") from e
+        raise ImportError(
+            f"trainers.engines.verl_patch needs verl's FSDP engine "
+            f"(verl.workers.engine.fsdp.transformer_impl): {e}"
+        ) from e

@@ -31,6 +31,7 @@ version counter moves) or any other tensor misses.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -157,17 +158,25 @@ class TritonBackend(Backend):
         )
 
     def supports_quantize(self, spec: OperandSpec) -> tuple[bool, str]:
+        return _supports_quantize(spec)
+
+    def supports_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
+        return _supports_gemm(a_spec, b_spec, gemm_mode())
+
+    @staticmethod
+    def _supports_quantize_uncached(spec: OperandSpec) -> tuple[bool, str]:
         if spec.format != "nvfp4":
             return False, f"triton: only NVFP4 quantization has kernels ({spec.format} -> emulated)"
         return True, f"triton: fused NVFP4 quantize ({spec.summary()})"
 
-    def supports_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
+    @staticmethod
+    def _supports_gemm_uncached(a_spec: OperandSpec, b_spec: OperandSpec, mode: str) -> tuple[bool, str]:
         fmts = {a_spec.format, b_spec.format}
         if not fmts <= {"nvfp4", "bf16"} or "nvfp4" not in fmts:
             return False, f"triton: NVFP4 GEMMs only ({a_spec.summary()} x {b_spec.summary()})"
         return True, (
             f"triton: {a_spec.summary()} x {b_spec.summary()} on BF16 tensor cores (FP32 accumulate; "
-            f"MINITE_TRITON_GEMM={gemm_mode()})"
+            f"MINITE_TRITON_GEMM={mode})"
         )
 
     # --- hooks -----------------------------------------------------------------------------------
@@ -267,5 +276,9 @@ class TritonBackend(Backend):
         b, sb = _exact_operand(qb)
         return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if mode == "exact_fused" else "cublas")
 
+
+# (ok, reason) depends only on the frozen specs: computed once, not per call (this runs for every GEMM)
+_supports_quantize = functools.lru_cache(maxsize=None)(TritonBackend._supports_quantize_uncached)
+_supports_gemm = functools.lru_cache(maxsize=None)(TritonBackend._supports_gemm_uncached)
 
 __all__ = ["GEMM_MODES", "TritonBackend", "TritonNVFP4Tensor", "gemm_mode"]

@@ -164,9 +164,10 @@ def decode_linear(
         raise ValueError(f"decode_linear needs K % 16 == 0 and contiguous operands; got K={k}")
     use_dot = b > 4
     bb = max(16, triton.next_power_of_2(b)) if use_dot else triton.next_power_of_2(b)
-    bn = block_n or (64 if use_dot else (16 if b == 1 else 8))
+    # defaults from the H200 block-size sweep (scripts/bench_kernels.py --decode-sweep)
+    bn = block_n or (64 if use_dot else 8)
     kw = k // 8
-    bkw = min(block_kw or 32, triton.next_power_of_2(kw))
+    bkw = min(block_kw or (16 if use_dot else 64), triton.next_power_of_2(kw))
     nblocks = triton.cdiv(n, bn)
     if split is None:
         target = 2 * _num_sms(x_qs.device)

@@ -76,10 +76,19 @@ def _e4m3_rne(p):
 
 @triton.jit
 def _e2m1_code_rn(a):
-    """E2M1 code (0..7) of |v| = a <= 6, round to nearest even with TE's tie table."""
-    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-    c += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
-    return c
+    """E2M1 code (0..7) of a = |v| >= 0 (any size: saturates to 7), round to nearest even (TE's tie table).
+
+    a >= 1: round the fp32 bit pattern to one mantissa bit (RNE: add 0x1FFFFF + the kept bit, truncate);
+    then ``bits >> 22 = 2 * (e + 127) + m`` and the code is ``2 + 2e + m = (bits >> 22) - 252``, capped at 7.
+    a < 1: the grid is 0, 0.5, 1, i.e. ``code = rint(2a)``, done as ``bits(2a + 1.5 * 2^23) - 0x4B400000``.
+    Same result as counting the thresholds .25 < a, .75 <= a, 1.25 < a, 1.75 <= a, 2.5 < a, 3.5 <= a, 5 < a
+    (the interpreter tests check ties and their neighbours), in about 10 instructions instead of 14.
+    """
+    u = a.to(tl.int32, bitcast=True)
+    r = u + 0x1FFFFF + ((u >> 22) & 1)
+    hi = tl.minimum((r >> 22) - 252, 7)
+    lo = (a * 2.0 + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+    return tl.where(u >= 0x3F800000, hi, lo)
 
 
 @triton.jit

@@ -1,0 +1,89 @@
+"""`python -m eval score` / `compare` / `tasks` through the CLI entry point."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from eval.cli import main
+from eval.data import load_rows
+from eval.report import atomic_write_json
+from eval.task import get_task
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _score(capsys, *args):
+    rc = main(["score", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_score_math_index_and_prompt_rows(tmp_path, capsys):
+    exs = get_task("aime24").examples(load_rows(get_task("aime24")))
+    preds = _write(tmp_path / "p.jsonl", [
+        {"index": 0, "responses": [f"\\boxed{{{exs[0].gold}}}", "\\boxed{1}"]},  # 1 of 2
+        {"prompt": exs[1].question, "response": f"so \\boxed{{{exs[1].gold}}}"},  # bare question text
+        {"prompt": exs[2].prompt, "response": "I cannot solve this."},  # templated prompt; nothing extractable
+    ])
+    rc, out, _ = _score(capsys, "aime24", preds, "--json")
+    assert rc == 0 and len(out.strip().splitlines()) == 1
+    res = json.loads(out)
+    # 4 responses, 2 correct; the unanswerable one is counted, not dropped
+    assert res["accuracy"] == pytest.approx(0.5) and res["n"] == 4 and res["n_prompts"] == 3
+
+
+def test_score_ifeval_metrics(tmp_path, capsys):
+    preds = _write(tmp_path / "p.jsonl", [{"index": 1, "response": "Verily, a journey"},  # no_comma fails
+                                          {"index": 1, "response": "Verily a journey to Kyoto"}])
+    rc, out, _ = _score(capsys, "ifeval", preds, "--json")
+    res = json.loads(out)
+    assert rc == 0
+    assert set(res) >= {"prompt_level_strict", "prompt_level_loose", "instruction_level_strict",
+                        "instruction_level_loose", "n"}
+    assert res["prompt_level_strict"] == pytest.approx(0.5) and res["n"] == 2
+
+
+@pytest.mark.parametrize("bad_row, message", [
+    ('{"index": 0, "response": ', "p.jsonl:2: not valid JSON"),
+    ('{"response": "x"}', "p.jsonl:2: row needs 'index'"),
+    ('{"index": 30, "response": "x"}', r"p.jsonl:2: 'index' must be an integer in \[0, 30\)"),
+    ('{"index": 0}', "p.jsonl:2: row needs 'response'"),
+    ('{"index": 0, "responses": []}', "p.jsonl:2: 'responses' must be a non-empty list"),
+    ('{"prompt": "not a real question", "response": "x"}', "p.jsonl:2: 'prompt' does not match"),
+    ('[1, 2]', "p.jsonl:2: expected a JSON object"),
+])
+def test_malformed_predictions_report_the_line(tmp_path, capsys, bad_row, message):
+    preds = _write(tmp_path / "p.jsonl", ['{"index": 0, "response": "\\\\boxed{204}"}', bad_row])
+    rc, out, err = _score(capsys, "aime24", preds)
+    assert rc == 2 and out == ""
+    assert re.search(message, err), err
+
+
+def test_score_unknown_task_and_missing_file(tmp_path, capsys):
+    rc, _, err = _score(capsys, "gsm8", str(tmp_path / "x.jsonl"))
+    assert rc == 2 and "Did you mean 'gsm8k'" in err and "Valid tasks: " in err
+    rc, _, err = _score(capsys, "gsm8k", str(tmp_path / "missing.jsonl"))
+    assert rc == 2 and "missing.jsonl" in err
+
+
+def test_compare_prints_table_with_pp_differences(tmp_path, capsys):
+    for name, means in (("bf16", (0.30, 0.80)), ("nvfp4", (0.27, 0.81))):
+        atomic_write_json(tmp_path / name / "results.json", {"tasks": {
+            "aime24": {"title": "AIME24", "mean": means[0]}, "ifeval": {"title": "IFEval", "mean": means[1]}}})
+    assert main(["compare", str(tmp_path / "bf16"), str(tmp_path / "nvfp4")]) == 0
+    out = capsys.readouterr().out
+    assert "| run | AIME24 | IFEval | Average |" in out
+    assert "| bf16 | 30.00 | 80.00 | 55.00 |" in out
+    assert "| Δ pp (nvfp4 - bf16) | -3.00 | +1.00 | -1.00 |" in out
+    assert main(["compare", str(tmp_path / "bf16"), str(tmp_path / "nope")]) == 2
+
+
+def test_tasks_command(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "aime24" in out and "k=6" in out and "prompt_level_strict" in out
