@@ -61,7 +61,8 @@ class LocalEngine(Engine):
         out: list[list[Generation | None]] = [[None] * k for _ in prompt_ids]
         for b, start in enumerate(range(0, len(items), params.batch_size)):
             chunk = items[start:start + params.batch_size]
-            sp = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            sp = SamplingParams(temperature=params.temperature, top_k=params.top_k,
+                                top_p=1.0 if params.temperature == 0 else params.top_p,  # greedy: skip the sort
                                 max_new_tokens=params.max_new_tokens, seed=params.seed + b)
             comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)
             for (_, i, s), c in zip(chunk, comps):

@@ -314,3 +314,47 @@ def test_entry_point_and_external_lib_register_in_fresh_processes():
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("compute_policy_loss_triage")
+
+
+def test_through_verl_ppo_loss_with_a_tensordict():
+    # verl.workers.utils.losses.ppo_loss: unpads the model's flat log-probs, fills global_batch_info,
+    # selects the batch fields and calls get_policy_loss_fn("triage") -- the real worker code path
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    b, t, p = 3, 300, 2
+    lens = torch.tensor([300, 120, 7])
+    logp0, old, sampler, adv, mask = batch(7, b=b, t=t, lengths=lens)
+    old, logp0, sampler = old * mask, logp0 * mask, sampler * mask
+    adv_bt = adv.unsqueeze(-1) * mask
+    w = tv.make_rollout_is_weights(old, sampler, mask)
+    data = TensorDict(
+        {
+            "prompts": torch.ones(b, p, dtype=torch.long),
+            "responses": torch.ones(b, t, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(b, p, dtype=torch.long), mask.long()], 1),
+            "response_mask": mask.long(),
+            "old_log_probs": old,
+            "advantages": adv_bt,
+            "rollout_is_weights": w,
+        },
+        batch_size=[b],
+    )
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=b)
+    lp = logp0.clone().requires_grad_()
+    # flat model output: the log-prob of response token j sits at sequence position p - 1 + j
+    flat = torch.cat([torch.cat([torch.zeros(p - 1), lp[i, : lens[i]], torch.zeros(1)]) for i in range(b)])
+    loss, metrics = ppo_loss(actor_config(), {"log_probs": flat}, data)
+    loss.backward()
+    assert "mismatch/gap_q05" in metrics and "actor/pg_loss" in metrics
+    direct = logp0.clone().requires_grad_()
+    cfg = actor_config()
+    cfg.global_batch_info.update(
+        dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=b, loss_scale_factor=None
+    )
+    ref, _ = call(cfg, direct, old, sampler, adv, mask, weights=w)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(lp.grad, direct.grad)
+    assert lp.grad.abs().sum() > 0
