@@ -11,7 +11,7 @@ sets), ``engines/`` (local, vllm), ``runner`` (eval run), ``scoring`` (eval scor
 """
 from __future__ import annotations
 
-__all__ = ["RunConfig", "run_eval", "score_predictions", "get_task", "task_names"]
+__all__ = ["RunConfig", "get_task", "run_eval", "score_predictions", "task_names"]
 
 
 def __getattr__(name: str):

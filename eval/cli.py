@@ -108,6 +108,13 @@ def _cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """Bad input and missing optional dependencies: reported in one line, without a traceback."""
+    errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, ImportError)
+    models = sys.modules.get("trainers.models")
+    return errors + ((models.ModelLoadError,) if models is not None else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -123,6 +130,6 @@ def main(argv: list[str] | None = None) -> int:
             t = get_task(n)
             print(f"{n:10} {t.title:10} k={t.default_samples}  metric={t.primary_metric}")
         return 0
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except _expected_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,14 +26,14 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")  # noqa: TRY004
             rows.append(row)
     return rows
 
 
 def _from_hub(task: Task, spec: str) -> list[dict]:
     """``hf:PATH[:SPLIT]`` or ``PATH[:SPLIT]`` with the config taken from the task (GSM8K: ``main``)."""
-    spec = spec[3:] if spec.startswith("hf:") else spec
+    spec = spec.removeprefix("hf:")
     path, _, split = spec.partition(":")
     try:
         import datasets

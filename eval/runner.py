@@ -46,7 +46,7 @@ class RunConfig:
     precision: str | None = None
     limit: int | None = None
     output_dir: str | None = None
-    params: GenerationParams = GenerationParams()
+    params: GenerationParams = field(default_factory=GenerationParams)
     data_dir: str | None = None
     datasets: dict[str, str] = field(default_factory=dict)  # task -> jsonl path or hf:ID[:SPLIT]
     device: str | None = None
@@ -144,11 +144,11 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
         from eval.ifeval_checkers import instruction_registry
 
         instruction_registry()  # fail before generation if the checkers are missing
+    if engine is None:
+        engine = get_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision)
     out_dir = pathlib.Path(cfg.output_dir or os.path.join(
         "outputs", "eval", f"{_slug(cfg.model)}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    if engine is None:
-        engine = get_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision)
 
     from tqdm.auto import tqdm
 

@@ -85,7 +85,7 @@ class MathTask(Task):
 
     def to_example(self, index: int, row: dict) -> Example:
         question = str(first_field(row, self.question_fields))
-        bare = question[: -len(MATH_PROMPT_SUFFIX)] if question.endswith(MATH_PROMPT_SUFFIX) else question
+        bare = question.removesuffix(MATH_PROMPT_SUFFIX)
         gold = self.normalize_gold(first_field(row, self.answer_fields))
         return Example(index=index, prompt=bare + MATH_PROMPT_SUFFIX, gold=gold, question=question)
 

@@ -29,9 +29,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/bench_eval.py` from anywhere
 
-QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                 rope_theta=1_000_000.0, tie_word_embeddings=True)
+QWEN3_06B = {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
 
 
 def _sync(device: str) -> None:

@@ -224,7 +224,12 @@ def bench_linear(args):
         def fwd():
             tb._last = None  # no reuse across repetitions (the q/k/v input cache would hit)
             return tb.qgemm_nt(
-                None, None, spec.a, spec.b, a_quantized=tb.quantize(x, spec.a), b_quantized=qw,
+                None,
+                None,
+                spec.a,
+                spec.b,
+                a_quantized=tb.quantize(x, spec.a),
+                b_quantized=qw,
                 out_dtype=torch.bfloat16,
             )
 
@@ -354,7 +359,14 @@ def bench_linear(args):
     out = {"bench": "linear_layer_total", "case": "qwen3_4b_block_7_linears", "M": tokens}
     for key, v in totals.items():
         out[f"{key}_ms"] = v
-    for key in ("dequant", "exact", "exact_fused", "emulated", "torchao_weight_only", "torchao_fakequant_w4a4"):
+    for key in (
+        "dequant",
+        "exact",
+        "exact_fused",
+        "emulated",
+        "torchao_weight_only",
+        "torchao_fakequant_w4a4",
+    ):
         if key in totals:
             out[f"fwd_ratio_{key}"] = totals[key] / totals["bf16"]
     for key in ("nvfp4_per_token_bf16_bwd", "nvfp4_per_token"):
@@ -379,7 +391,9 @@ def bench_decode(args):
                 o = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
                 return decode_linear(o.qs, o.amax, wd, ws, wa)
 
-            _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+            _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(
+                x, per_token=True, write_packed=False, write_qs=True
+            )
             ours()  # compile + allocate the split-K workspace outside graph capture
             torch.cuda.synchronize()
             t_b = bench(lambda: F.linear(x, w), graph=True)
@@ -389,12 +403,16 @@ def bench_decode(args):
             t_o_ev = bench(ours)
             sweep = {}
             if args.decode_sweep:
-                cfgs = {1: ((16, 32), (8, 64), (16, 64), (32, 32), (8, 32)), 4: ((8, 32), (16, 32), (4, 64), (8, 64))}
+                cfgs = {
+                    1: ((16, 32), (8, 64), (16, 64), (32, 32), (8, 32)),
+                    4: ((8, 32), (16, 32), (4, 64), (8, 64)),
+                }
                 for bn_, bkw_ in cfgs.get(b, ((64, 32), (32, 32), (64, 16), (128, 16))):
                     try:
                         decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_)
                         sweep[f"{bn_}x{bkw_}"] = 1e3 * bench(
-                            lambda: decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_), graph=True)
+                            lambda: decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_), graph=True
+                        )
                     except Exception as e:  # a config that does not compile is reported, not fatal
                         sweep[f"{bn_}x{bkw_}"] = f"{type(e).__name__}"
             wbytes_bf16 = 2 * n * k
@@ -679,10 +697,21 @@ def _profile_step(fn, name: str) -> None:
         wall = time.perf_counter() - t0
     events = prof.key_averages()
     gpu_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
-    top = sorted(events, key=lambda e: -getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)))[:12]
-    emit({"bench": "profile", "case": name, "wall_ms": 1e3 * wall, "gpu_kernel_ms": gpu_us / 1e3,
-          "gpu_busy_frac": gpu_us / 1e3 / (1e3 * wall),
-          "top_gpu": [[e.key[:60], round(getattr(e, "self_device_time_total", 0) / 1e3, 3), e.count] for e in top]})
+    top = sorted(
+        events, key=lambda e: -getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+    )[:12]
+    emit(
+        {
+            "bench": "profile",
+            "case": name,
+            "wall_ms": 1e3 * wall,
+            "gpu_kernel_ms": gpu_us / 1e3,
+            "gpu_busy_frac": gpu_us / 1e3 / (1e3 * wall),
+            "top_gpu": [
+                [e.key[:60], round(getattr(e, "self_device_time_total", 0) / 1e3, 3), e.count] for e in top
+            ],
+        }
+    )
 
 
 SECTIONS = {

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from eval.engines import Generation, GenerationParams
 

@@ -8,7 +8,8 @@ padding), and cut into batches of ``batch_size`` sequences; batch b of a task is
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
@@ -43,7 +44,7 @@ class LocalEngine(Engine):
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
-                        precision: str | None = None) -> "LocalEngine":
+                        precision: str | None = None) -> LocalEngine:
         import torch
 
         from trainers.models import load_model_and_tokenizer

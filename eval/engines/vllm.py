@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
@@ -41,7 +42,7 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
-                        precision: str | None = None, **llm_kwargs: Any) -> "VLLMEngine":
+                        precision: str | None = None, **llm_kwargs: Any) -> VLLMEngine:
         vllm = import_vllm()
         quant = checkpoint_quantization(model)
         if precision and precision.startswith(("nvfp4", "w4a16")) and not quant:

@@ -155,3 +155,52 @@ def test_cli_run_smollm2_three_rows_per_task(tmp_path, capsys):
     assert len(records) == 18 and all(r["response"] for r in records)
     assert res["protocol"]["engine"]["model"] == "smollm2-135m-instruct"
     assert "Average" in capsys.readouterr().out
+
+
+def test_cli_missing_model_is_one_line_error(tmp_path, capsys):
+    rc = main(["run", str(tmp_path / "no_such_model"), "--tasks", "gsm8k", "--limit", "1", "--quiet",
+               "--output-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "does not exist" in err
+    assert not (tmp_path / "o").exists()  # nothing written for a run that never started
+
+
+def test_vllm_engine_maps_prompts_and_settings(monkeypatch, tiny, tmp_path):
+    """The vLLM engine against a stand-in `vllm` module (vLLM itself is not installable on this machine)."""
+    import sys
+    import types
+
+    calls = {}
+
+    class FakeSamplingParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    class FakeLLM:
+        def __init__(self, model, dtype, **kw):
+            calls["llm"] = (model, dtype, kw)
+
+        def get_tokenizer(self):
+            return tiny[1]
+
+        def generate(self, prompts, params, use_tqdm):
+            calls["generate"] = (prompts, params)
+            out = types.SimpleNamespace
+            return [out(outputs=[out(text=f"\\boxed{{{18 if s == 0 else 0}}}", token_ids=[1, 2], finish_reason="stop")
+                                 for s in range(p.kw["n"])]) for p in params]
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams, fake.__version__ = FakeLLM, FakeSamplingParams, "fake"
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    engine = get_engine("vllm", "some/model", dtype="bfloat16")
+    cfg = RunConfig(model="some/model", engine="vllm", tasks=("gsm8k",), limit=1, output_dir=str(tmp_path / "v"))
+    res = run_eval(cfg, engine=engine, show_progress=False)
+    prompts, params = calls["generate"]
+    assert prompts[0]["prompt_token_ids"][-3:] == tiny[1].apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True)[-3:]  # chat-templated ids
+    assert params[0].kw == {"n": 4, "temperature": 0.6, "top_p": 0.95, "top_k": -1, "max_tokens": 8192, "seed": 0}
+    s = res["tasks"]["gsm8k"]  # gold of row 0 is 18: sample 0 right, samples 1-3 wrong
+    assert s["metrics"]["accuracy"]["per_sample"] == [1.0, 0.0, 0.0, 0.0]
+    assert res["protocol"]["engine"]["engine"] == "vllm"
+    with pytest.raises(ValueError, match="needs an NVFP4 checkpoint"):
+        get_engine("vllm", str(tmp_path), precision="nvfp4_per_token")

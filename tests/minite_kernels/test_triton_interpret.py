@@ -96,11 +96,38 @@ if _IN_INTERPRETER:
 def test_e2m1_code_matches_threshold_table(tk):
     from minite_kernels.formats import e2m1_encode
 
-    ties = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 1e30,
-                         float("inf"), 1e-40])
+    ties = torch.tensor(
+        [
+            0.0,
+            0.25,
+            0.5,
+            0.75,
+            1.0,
+            1.25,
+            1.5,
+            1.75,
+            2.0,
+            2.5,
+            3.0,
+            3.5,
+            4.0,
+            5.0,
+            6.0,
+            7.0,
+            1e30,
+            float("inf"),
+            1e-40,
+        ]
+    )
     rnd = torch.rand(2000, generator=torch.Generator().manual_seed(0)) * 8
-    a = torch.cat([ties, torch.nextafter(ties, torch.full_like(ties, float("inf"))),
-                   torch.nextafter(ties, torch.zeros_like(ties)), rnd])
+    a = torch.cat(
+        [
+            ties,
+            torch.nextafter(ties, torch.full_like(ties, float("inf"))),
+            torch.nextafter(ties, torch.zeros_like(ties)),
+            rnd,
+        ]
+    )
     c = torch.empty(a.shape, dtype=torch.int32)
     _code_kernel[(triton.cdiv(a.numel(), 1024),)](a, c, a.numel(), BLOCK=1024)
     assert torch.equal(c, e2m1_encode(a).to(torch.int32))
@@ -145,7 +172,9 @@ def test_qgemm_and_decode_match_reference(tk):
     assert _rel(ref, y) < 1e-5
     qw = quantize_nvfp4(w, tile=(16, 16))
     for b, split in ((2, 2), (8, None)):  # FMA path with split-K, tensor-core path
-        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x[:b], per_token=True, write_packed=False, write_qs=True)
+        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(
+            x[:b], per_token=True, write_packed=False, write_qs=True
+        )
         yd = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32, split=split)
         assert _rel(ref[:b], yd) < 1e-5
 

@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.rewards.math import (extract_boxed, extract_gsm8k, final_answer_segment, score_gsm8k, score_math,
-                                   to_number)
+from trainers.rewards.math import (
+    extract_boxed,
+    extract_gsm8k,
+    final_answer_segment,
+    score_gsm8k,
+    score_math,
+    to_number,
+)
 
 
 @pytest.mark.parametrize("text, expected", [

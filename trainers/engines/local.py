@@ -100,8 +100,12 @@ def _weight_cache_misses(model) -> int:
 
 
 class LocalTrainer:
-    def __init__(self, cfg: Config) -> None:
+    """``model_and_tokenizer`` injects an already-built (model, tokenizer) instead of loading ``model.path``
+    (benchmarks and tests with random models); everything else follows ``cfg``."""
+
+    def __init__(self, cfg: Config, *, model_and_tokenizer: tuple[Any, Any] | None = None) -> None:
         self.cfg = cfg
+        self._injected = model_and_tokenizer
         self.run_dir = cfg.output_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         dev = cfg.model.device
@@ -117,8 +121,12 @@ class LocalTrainer:
         self.examples = load_examples(cfg.data)  # data errors surface before the model loads
         self.reward_fn, self.reward_name = load_reward_fn(cfg.reward.fn)
         self.loss_fn = A.policy_loss_fn(cfg.algorithm.loss_mode)
-        self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
-                                                        device=str(self.device))
+        if self._injected is not None:
+            self.model, self.tok = self._injected
+            self.model.to(self.device)
+        else:
+            self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
+                                                            device=str(self.device))
         self.precision = apply_precision(self.model, cfg, self.run_dir)
         self.sampler = LocalSampler(self.model, self.tok, batch_size=cfg.rollout.batch_size)
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,

@@ -1,4 +1,4 @@
-"""The Triton backend: exact NVFP4 emulation on Hopper/Ampere tensor cores (report §4.2, §5.1; notes §1.4, §2).
+"""The Triton backend: exact NVFP4 emulation on Hopper/Ampere tensor cores (report §4.2, §5.1; notes §1.4).
 
 - ``quantize``: the fused Triton quantizer (``quantize.py``), byte-identical to ``minite_kernels.formats``
   (data, scales, amax, nonfinite), including stochastic rounding (the same random bytes, drawn from the same
@@ -19,14 +19,16 @@
 
       Y = (qs_a @ qs_bᵀ) * amax_a * amax_b / 2688²       (qs exact in BF16, FP32 accumulate, FP32 epilogue)
 
-  TE's row-scaled GEMM semantics (``gemm.py``); ``exact_fused`` runs it as one Triton kernel.
+  TE's row-scaled GEMM semantics (``gemm.py``): cuBLAS then a scaling pass for BF16 outputs; one Triton
+  kernel (FP32 end to end) for FP32 outputs and with ``exact_fused``.
   Both are checked against the FP32 reference GEMM (tests state the tolerances).
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
 
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
-input) are quantized once: the last round-to-nearest input is kept (a reference, so its memory cannot be
-reused) with its storage pointer, version counter, shape, strides and spec; any in-place change (the
-version counter moves) or any other tensor misses.
+input) are quantized once: the last round-to-nearest input is kept (a detached reference, so its memory
+cannot be reused; the version counter is shared with the original) with its storage pointer, version
+counter, shape, strides and spec; any in-place change (the version counter moves) or any other tensor
+misses. ``clear_cache()`` drops it.
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ def _dequant_operand(q: QuantizedOperand) -> torch.Tensor:
     if isinstance(q, NVFP4Tensor):
         deq = getattr(q, "_minite_deq", None)
         if deq is None or deq.device != q.data.device:
-            deq = dequantize_nvfp4_triton(q.data, q.scales, q.amax, per_token=q.scaling == "per_token",
-                                          dtype=torch.bfloat16)
+            deq = dequantize_nvfp4_triton(
+                q.data, q.scales, q.amax, per_token=q.scaling == "per_token", dtype=torch.bfloat16
+            )
             object.__setattr__(q, "_minite_deq", deq)
         return deq
     raise TypeError(f"triton backend: unsupported GEMM operand {type(q).__name__}")
@@ -151,7 +154,10 @@ class TritonBackend(Backend):
         if cap is None:
             return False, "triton: kernels need a CUDA GPU (sm_80+); no CUDA device is visible"
         if cap < (8, 0):
-            return False, f"triton: kernels need BF16 tensor cores (sm_80+); this GPU is {capability_str(cap)}"
+            return (
+                False,
+                f"triton: kernels need BF16 tensor cores (sm_80+); this GPU is {capability_str(cap)}",
+            )
         return True, (
             f"triton: exact NVFP4 emulation on {capability_str(cap)} BF16 tensor cores "
             f"(fused quantize, BF16 tensor-core GEMM with FP32 accumulation; {why})"
@@ -210,12 +216,25 @@ class TritonBackend(Backend):
         if cacheable and self._last is not None and self._last[1] == key:
             return self._last[2]
         q = self._quantize_now(x2d, spec, generator)
-        self._last = (x2d, key, q) if cacheable else None
+        self._last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
         return q
+
+    def clear_cache(self) -> None:
+        """Forget the remembered last input (and its quantized copy)."""
+        self._last = None
 
     @staticmethod
     def _key(x: torch.Tensor, spec: OperandSpec) -> tuple:
-        return (x.data_ptr(), x._version, tuple(x.shape), tuple(x.stride()), x.dtype, x.device, spec, gemm_mode())
+        return (
+            x.data_ptr(),
+            x._version,
+            tuple(x.shape),
+            tuple(x.stride()),
+            x.dtype,
+            x.device,
+            spec,
+            gemm_mode(),
+        )
 
     def _quantize_now(self, x2d: torch.Tensor, spec: OperandSpec, generator) -> TritonNVFP4Tensor:
         from minite_kernels import formats
@@ -274,7 +293,9 @@ class TritonBackend(Backend):
             return torch.mm(_dequant_operand(qa), _dequant_operand(qb).t())
         a, sa = _exact_operand(qa)
         b, sb = _exact_operand(qb)
-        return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if mode == "exact_fused" else "cublas")
+        # FP32 outputs always take the fused kernel: the cuBLAS path would round the product to BF16 first
+        fused = mode == "exact_fused" or out_dtype == torch.float32
+        return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if fused else "cublas")
 
 
 # (ok, reason) depends only on the frozen specs: computed once, not per call (this runs for every GEMM)

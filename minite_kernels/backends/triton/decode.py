@@ -5,9 +5,11 @@ Report §2.2 / §5.1; the same contract as the W4A4 GEMM (``gemm.py``, notes §1
     y[b, n] = Σ_k (q_x s_x)[b, k] · (q_w s_w)[n, k] · amax_x[b] · amax_w / 2688²
 
 ``x`` is quantized per token (``quantize.py``, exact ``qs_x = e2m1 * s_b`` in BF16); the weight is read as
-packed E2M1 bytes ``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter against 2 for BF16), decoded
-in registers to the exact ``q_w * s_w`` and multiplied with FP32 accumulation. Decoding is memory-bound, so
-reading 3.56x fewer weight bytes is where the speed-up comes from.
+packed E2M1 bytes ``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter, 2 for BF16), decoded
+in registers to the exact ``q_w * s_w`` and multiplied with FP32 accumulation. The intended gain is reading
+3.56x fewer weight bytes than BF16; measured on the H200 the nibble decode is instruction-issue bound in this
+Triton formulation (about 10 integer/FP instructions per weight), so the kernel does not yet beat BF16
+cuBLAS except on the smallest shapes at batch 1 (benchmarks/RESULTS.md).
 
 Split-K: when there are few output rows (``N / BLOCK_N`` programs would leave SMs idle) the K range is
 split over ``SPLIT`` programs; each writes an FP32 partial and the last one to arrive (an atomic counter per
@@ -152,8 +154,9 @@ def decode_linear(
     block_n: int | None = None,
     block_kw: int | None = None,
 ) -> torch.Tensor:
-    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax`` fp32 [B])
-    and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16], ``w_amax`` [1]).
+    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax``
+    fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16],
+    ``w_amax`` [1]).
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
     b, k = x_qs.shape
     n = w_data.shape[0]

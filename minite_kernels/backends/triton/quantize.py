@@ -515,7 +515,11 @@ def quantize_nvfp4_triton(
             amax.zero_()
             nonfinite.zero_()
         return _finish(out)
-    if _bf16_words_ok(x, rbits) and not (interpret_mode() and write_deq) and (not per_token or k // 2 <= 8192):
+    if (
+        _bf16_words_ok(x, rbits)
+        and not (interpret_mode() and write_deq)
+        and (not per_token or k // 2 <= 8192)
+    ):
         from .quantize_bf16 import _amax_bf16_kernel, _quant_bf16_tensor_kernel, _quant_bf16_token_kernel
 
         kw = k // 2
@@ -530,9 +534,24 @@ def quantize_nvfp4_triton(
             bm = max(1, min(8, 2048 // bw))
             warps = max(4, min(32, bm * bw // 256))
             _quant_bf16_token_kernel[(triton.cdiv(m, bm),)](
-                xw, dptr, sptr, qsw, deqw, amax, nonfinite, rb, m, kw, xw.stride(0),
-                BLOCK_M=bm, BLOCK_W=bw, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
-                WRITE_DEQ=write_deq, num_warps=warps,
+                xw,
+                dptr,
+                sptr,
+                qsw,
+                deqw,
+                amax,
+                nonfinite,
+                rb,
+                m,
+                kw,
+                xw.stride(0),
+                BLOCK_M=bm,
+                BLOCK_W=bw,
+                SR=sr,
+                WRITE_PACKED=write_packed,
+                WRITE_QS=write_qs,
+                WRITE_DEQ=write_deq,
+                num_warps=warps,
             )
         else:
             if scratch is None:
@@ -543,15 +562,43 @@ def quantize_nvfp4_triton(
             tiles_w = triton.cdiv(kw, abw)
             n_tiles = triton.cdiv(m, abm) * tiles_w
             nprog = max(1, min(n_tiles, _num_sms(dev) * 4))
-            _amax_bf16_kernel[(nprog,)](xw, scratch, m, kw, xw.stride(0), nprog, triton.cdiv(n_tiles, nprog),
-                                        tiles_w, BLOCK_M=abm, BLOCK_W=abw, num_warps=8)
+            _amax_bf16_kernel[(nprog,)](
+                xw,
+                scratch,
+                m,
+                kw,
+                xw.stride(0),
+                nprog,
+                triton.cdiv(n_tiles, nprog),
+                tiles_w,
+                BLOCK_M=abm,
+                BLOCK_W=abw,
+                num_warps=8,
+            )
             bm = 16 if tile16 else 4
             bw = min(512 if not tile16 else 256, max(8, triton.next_power_of_2(kw)))
             grid = (triton.cdiv(m, bm), triton.cdiv(kw, bw))
             _quant_bf16_tensor_kernel[grid](
-                xw, dptr, sptr, qsw, deqw, amax, nonfinite, scratch, rb, m, kw, xw.stride(0),
-                BLOCK_M=bm, BLOCK_W=bw, TILE16=tile16, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
-                WRITE_DEQ=write_deq, num_warps=8 if tile16 else 4,
+                xw,
+                dptr,
+                sptr,
+                qsw,
+                deqw,
+                amax,
+                nonfinite,
+                scratch,
+                rb,
+                m,
+                kw,
+                xw.stride(0),
+                BLOCK_M=bm,
+                BLOCK_W=bw,
+                TILE16=tile16,
+                SR=sr,
+                WRITE_PACKED=write_packed,
+                WRITE_QS=write_qs,
+                WRITE_DEQ=write_deq,
+                num_warps=8 if tile16 else 4,
             )
         return _finish(out)
     # generic kernels (fp32 / fp16 / strided / CPU interpreter)
@@ -559,9 +606,22 @@ def quantize_nvfp4_triton(
         bm = 4 if m >= 4096 else (2 if m >= 512 else 1)
         bk = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
         _quantize_per_token_kernel[(triton.cdiv(m, bm),)](
-            x, data if write_packed else dummy, scales if write_packed else dummy, qs if write_qs else dummy,
-            amax, rbits if sr else dummy, m, k, x.stride(0), x.stride(1),
-            BLOCK_M=bm, BLOCK_K=bk, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs, num_warps=4,
+            x,
+            data if write_packed else dummy,
+            scales if write_packed else dummy,
+            qs if write_qs else dummy,
+            amax,
+            rbits if sr else dummy,
+            m,
+            k,
+            x.stride(0),
+            x.stride(1),
+            BLOCK_M=bm,
+            BLOCK_K=bk,
+            SR=sr,
+            WRITE_PACKED=write_packed,
+            WRITE_QS=write_qs,
+            num_warps=4,
         )
     else:
         if scratch is None:
@@ -573,9 +633,23 @@ def quantize_nvfp4_triton(
         bk = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
         grid = (triton.cdiv(m, bm), triton.cdiv(k, bk))
         _quantize_per_tensor_kernel[grid](
-            x, data if write_packed else dummy, scales if write_packed else dummy, qs if write_qs else dummy,
-            amax, scratch, rbits if sr else dummy, m, k, x.stride(0), x.stride(1),
-            BLOCK_M=bm, BLOCK_K=bk, TILE16=tile16, SR=sr, WRITE_PACKED=write_packed, WRITE_QS=write_qs,
+            x,
+            data if write_packed else dummy,
+            scales if write_packed else dummy,
+            qs if write_qs else dummy,
+            amax,
+            scratch,
+            rbits if sr else dummy,
+            m,
+            k,
+            x.stride(0),
+            x.stride(1),
+            BLOCK_M=bm,
+            BLOCK_K=bk,
+            TILE16=tile16,
+            SR=sr,
+            WRITE_PACKED=write_packed,
+            WRITE_QS=write_qs,
             num_warps=4,
         )
     nonfinite.copy_(torch.isnan(amax))

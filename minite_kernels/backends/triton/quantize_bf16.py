@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .quantize import FLT_MAX, INV_2688, SIXTH, _e2m1_code_rn, _e2m1_value, _e4m3_rne, _encode_scale, _sr_step
 
+
 @triton.jit
 def _abs_bits(w):
     """max(|x_even|, |x_odd|) of a word, as (non-negative) fp32 bit patterns."""
@@ -132,7 +133,11 @@ def _store_words(
     if WRITE_PACKED:
         tl.store(data_ptr + off, packed.to(tl.uint8), mask=mask)
         bc = col0 // 8 + tl.arange(0, BLOCK_W // 8)
-        tl.store(scales_ptr + rows[:, None] * (KW // 8) + bc[None, :], sbyte.to(tl.uint8), mask=rmask & (bc[None, :] < KW // 8))
+        tl.store(
+            scales_ptr + rows[:, None] * (KW // 8) + bc[None, :],
+            sbyte.to(tl.uint8),
+            mask=rmask & (bc[None, :] < KW // 8),
+        )
     if WRITE_QS:
         tl.store(qs_ptr + off, qsw, mask=mask)
     if WRITE_DEQ:
@@ -177,18 +182,56 @@ def _quant_bf16_token_kernel(
     if SR:
         rb = tl.load(rb_ptr + rows[:, None] * KW + cols[None, :], mask=mask, other=0).to(tl.int32) & 0xFFFF
     packed, sbyte, qsw, deqw = _encode_words(
-        w, ab, rb, s_enc[:, None], s_dec[:, None], amax[:, None], BLOCK_M, BLOCK_W, False, SR, WRITE_QS, WRITE_DEQ
+        w,
+        ab,
+        rb,
+        s_enc[:, None],
+        s_dec[:, None],
+        amax[:, None],
+        BLOCK_M,
+        BLOCK_W,
+        False,
+        SR,
+        WRITE_QS,
+        WRITE_DEQ,
     )
     sbyte = tl.where(bad[:, None], 0x7F, sbyte)
     if WRITE_DEQ:
         deqw = tl.where(bad[:, None], 0x7FC07FC0, deqw)
-    _store_words(data_ptr, scales_ptr, qs_ptr, deq_ptr, rows, cols, 0, M, KW, packed, sbyte, qsw, deqw,
-                 BLOCK_W, WRITE_PACKED, WRITE_QS, WRITE_DEQ)
+    _store_words(
+        data_ptr,
+        scales_ptr,
+        qs_ptr,
+        deq_ptr,
+        rows,
+        cols,
+        0,
+        M,
+        KW,
+        packed,
+        sbyte,
+        qsw,
+        deqw,
+        BLOCK_W,
+        WRITE_PACKED,
+        WRITE_QS,
+        WRITE_DEQ,
+    )
 
 
 @triton.jit
-def _amax_bf16_kernel(xw_ptr, scratch_ptr, M, KW, stride_w, nprog, tiles_per_prog, tiles_w,
-                      BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+def _amax_bf16_kernel(
+    xw_ptr,
+    scratch_ptr,
+    M,
+    KW,
+    stride_w,
+    nprog,
+    tiles_per_prog,
+    tiles_w,
+    BLOCK_M: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     """Global max of |x| bit patterns (NaN/inf sort above finite values) -> atomic max into scratch[0]."""
     pid = tl.program_id(0)
     acc = tl.zeros([BLOCK_M, BLOCK_W], dtype=tl.int32)
@@ -249,7 +292,22 @@ def _quant_bf16_tensor_kernel(
     sbyte = tl.where(bad, 0x7F, sbyte)
     if WRITE_DEQ:
         deqw = tl.where(bad, 0x7FC07FC0, deqw)
-    _store_words(data_ptr, scales_ptr, qs_ptr, deq_ptr, rows, cols, pid_w * BLOCK_W, M, KW, packed, sbyte, qsw,
-                 deqw, BLOCK_W, WRITE_PACKED, WRITE_QS, WRITE_DEQ)
-
-
+    _store_words(
+        data_ptr,
+        scales_ptr,
+        qs_ptr,
+        deq_ptr,
+        rows,
+        cols,
+        pid_w * BLOCK_W,
+        M,
+        KW,
+        packed,
+        sbyte,
+        qsw,
+        deqw,
+        BLOCK_W,
+        WRITE_PACKED,
+        WRITE_QS,
+        WRITE_DEQ,
+    )
