@@ -20,6 +20,18 @@ def _parse_datasets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _parse_template_kwargs(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--chat-template-kwargs must be a JSON object, got {text!r} ({exc.msg})") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--chat-template-kwargs must be a JSON object, got {type(value).__name__}")  # noqa: TRY004
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description="Score checkpoints and response files on "
                                 "AIME24, AIME25, MATH-500, AMC23, GSM8K and IFEval (report §6.2.2 protocol).")
@@ -35,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--precision", default=None, help="minite precision recipe (bf16, nvfp4_per_token, ...)")
     r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
     r.add_argument("--output-dir", default=None, help="default: outputs/eval/<model>-<time>")
-    r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    r.add_argument("--temperature", type=float, default=d.temperature)
-    r.add_argument("--top-p", type=float, default=d.top_p)
+    unstated = "(the report does not state it; library default %(default)s)"
+    r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=unstated)
+    r.add_argument("--temperature", type=float, default=d.temperature, help=unstated + "; 0 = greedy")
+    r.add_argument("--top-p", type=float, default=d.top_p, help=unstated)
     r.add_argument("--top-k", type=int, default=d.top_k)
     r.add_argument("--seed", type=int, default=d.seed)
     r.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch (local engine)")
@@ -48,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on GPU, float32 on CPU)")
     r.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                    help="send raw prompts instead of the tokenizer's chat template")
+    r.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='extra chat-template variables, e.g. \'{"enable_thinking": false}\' for Qwen3')
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
     s = sub.add_parser("score", help="score a predictions jsonl produced elsewhere")
@@ -75,7 +90,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
     cfg = RunConfig(model=a.model, tasks=tuple(t.strip() for t in a.tasks.split(",") if t.strip()),
                     samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, limit=a.limit,
                     output_dir=a.output_dir, params=params, data_dir=a.data_dir, datasets=_parse_datasets(a.dataset),
-                    device=a.device, dtype=a.dtype, chat_template=a.chat_template)
+                    device=a.device, dtype=a.dtype, chat_template=a.chat_template,
+                    chat_template_kwargs=_parse_template_kwargs(a.chat_template_kwargs))
     res = run_eval(cfg, show_progress=not a.quiet)
     for s in res["tasks"].values():
         print(f"{s['title']:>10}  avg@{s['k']} {pct(s['mean'])} ± {pct(s['std'])}  ({s['primary_metric']}, n={s['n']})")

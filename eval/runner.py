@@ -52,6 +52,7 @@ class RunConfig:
     device: str | None = None
     dtype: str | None = None
     chat_template: bool = True
+    chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False} for Qwen3
 
     def __post_init__(self) -> None:
         tasks = [get_task(t).name for t in self.tasks]  # raises with the valid names
@@ -98,8 +99,9 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
         "prompt_template": {
             "math": "{problem}" + MATH_PROMPT_SUFFIX,
             "ifeval": "{prompt} (unchanged)",
-            "chat": "tokenizer chat template, one user turn, add_generation_prompt=True" if cfg.chat_template
-                    else "none: raw prompt text",
+            "chat": ("tokenizer chat template, one user turn, add_generation_prompt=True"
+                     + (f", {json.dumps(cfg.chat_template_kwargs)}" if cfg.chat_template_kwargs else ""))
+                    if cfg.chat_template else "none: raw prompt text",
         },
         "temperature": cfg.params.temperature,
         "top_p": cfg.params.top_p,
@@ -126,7 +128,10 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
         _, backend = instruction_registry()
         proto["ifeval_scoring"] = {"checkers": f"official IFEval checkers from {backend}",
                                    "primary_metric": "prompt_level_strict", "langdetect_seed": 0,
-                                   "thinking": "text after the last </think> is checked", **punkt_status()}
+                                   "thinking": "text after the last </think> is checked",
+                                   "checker_seeding": "checkers built under a seed from their id and arguments "
+                                                      "(fixes the random letter of key 1122's letter_frequency)",
+                                   **punkt_status()}
     return proto
 
 
@@ -162,7 +167,8 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
             for t in tasks:
                 exs, k = examples[t.name], ks[t.name]
                 bar.set_description(f"eval {t.name}")
-                prompt_ids = [render_prompt(engine.tokenizer, e.prompt, chat_template=cfg.chat_template) for e in exs]
+                prompt_ids = [render_prompt(engine.tokenizer, e.prompt, chat_template=cfg.chat_template,
+                                            template_kwargs=cfg.chat_template_kwargs) for e in exs]
                 t0 = time.perf_counter()
                 gens = engine.generate(prompt_ids, k, cfg.params, progress=bar.update)
                 gen_seconds += time.perf_counter() - t0

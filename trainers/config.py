@@ -131,6 +131,8 @@ class TrainerConfig:
     logprob_chunk_size: int = 256
     max_consecutive_nan: int = 3
     save_final: bool = True
+    log_samples: int = 2  # responses per step appended to <output_dir>/samples.jsonl (0 = off)
+    cpu_threads: int | None = None  # torch CPU threads (None = torch default); 1 is faster on a busy shared CPU
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,8 @@ def _check_values(obj: Any, prefix: str) -> None:
     elif isinstance(obj, TrainerConfig):
         _positive(obj, prefix, "max_steps", "logprob_chunk_size", "keep_checkpoints", "max_consecutive_nan")
         _positive(obj, prefix, "save_every", allow_zero=True)
+        _positive(obj, prefix, "cpu_threads")
+        _positive(obj, prefix, "log_samples", allow_zero=True)
     elif isinstance(obj, ArithmeticConfig):
         _positive(obj, prefix, "size")
         bad = [lv for lv in obj.levels if lv not in (1, 2, 3, 4)]

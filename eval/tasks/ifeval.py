@@ -11,8 +11,16 @@ without ``*`` removed (the official protocol). Example: "Hello\\nHELLO WORLD" un
 ``change_case:english_capital`` fails strict and passes loose (dropping the first line).
 Reasoning models: the checked text is what follows the last ``</think>``; an unclosed ``<think>`` checks "".
 Checkers come from the official package (see ``eval.ifeval_checkers``). Default avg@4 (report).
+
+Determinism: the official checkers draw a random value for an invalid argument; in the data this happens
+for ``keywords:letter_frequency`` with ``letter="#"`` (key 1122), which then checks a random letter, so the
+official script can score the same response differently from run to run. We build every checker under a
+``random`` seed derived from its id and arguments (restoring the caller's random state afterwards), so
+that instruction checks one fixed letter in every run.
 """
 from __future__ import annotations
+
+import random
 
 from eval.ifeval_checkers import instruction_registry
 from eval.task import Example, SampleScore, Task, register
@@ -43,10 +51,15 @@ def check_instructions(response: str, instruction_ids: list[str], kwargs_list: l
         if iid not in registry:
             raise ValueError(f"unknown IFEval instruction id {iid!r}")
         checker = registry[iid](iid)
-        checker.build_description(**{k: v for k, v in (kwargs or {}).items() if v is not None})
-        args = checker.get_instruction_args()
-        if args and "prompt" in args:
-            checker.build_description(prompt=prompt)
+        state = random.getstate()
+        try:
+            random.seed(f"{iid}|{sorted((kwargs or {}).items())}")  # see "Determinism" in the module docstring
+            checker.build_description(**{k: v for k, v in (kwargs or {}).items() if v is not None})
+            args = checker.get_instruction_args()
+            if args and "prompt" in args:
+                checker.build_description(prompt=prompt)
+        finally:
+            random.setstate(state)
         strict.append(bool(text.strip() and checker.check_following(text)))
         loose.append(any(v.strip() and checker.check_following(v) for v in variants))
     return strict, loose

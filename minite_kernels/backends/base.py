@@ -206,7 +206,10 @@ class Backend(abc.ABC):
                 raise BackendUnavailable(
                     f"backend {self.name!r} cannot run {a_spec.summary()} x {b_spec.summary()}: {why}"
                 )
-            return self._gemm(a_quantized, b_quantized, a_spec, b_spec, out_dtype=out_dtype)[:m, :n]
+            out = self._gemm(a_quantized, b_quantized, a_spec, b_spec, out_dtype=out_dtype)
+            if out.shape[0] != m or out.shape[1] != n:
+                out = out[:m, :n]
+            return out
         _check_2d(a2d, "qgemm_nt operand a")
         if b_quantized is None:
             if b2d is None:

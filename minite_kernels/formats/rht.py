@@ -44,13 +44,26 @@ def rht_matrix(dtype: torch.dtype = torch.bfloat16, device: torch.device | str |
     return r.to(dtype=dtype, device=device)
 
 
+_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _cached_rht_matrix(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``rht_matrix(dtype, device)`` built once per (dtype, device): no CPU build and host-to-device copy
+    (a synchronization on CUDA) per call. Internal and never written to; ``rht_matrix`` returns a fresh one."""
+    key = (dtype, device)
+    r = _CACHE.get(key)
+    if r is None:
+        r = _CACHE[key] = rht_matrix(dtype, device)
+    return r
+
+
 def apply_rht(x: torch.Tensor) -> torch.Tensor:
     """Apply the RHT along the last dim (a multiple of 16) in 16-chunks; returns bf16 (see module doc)."""
     k = x.shape[-1]
     if k % RHT_SIZE:
         raise ValueError(f"RHT needs the last dim K={k} to be a multiple of {RHT_SIZE}")
     xb = x.to(torch.bfloat16).to(torch.float64).reshape(*x.shape[:-1], k // RHT_SIZE, RHT_SIZE)
-    y = torch.matmul(xb, rht_matrix(torch.float64, x.device))
+    y = torch.matmul(xb, _cached_rht_matrix(torch.float64, x.device))
     return y.reshape(x.shape).to(torch.float32).to(torch.bfloat16)
 
 
@@ -60,4 +73,4 @@ def inverse_rht(y: torch.Tensor) -> torch.Tensor:
     if k % RHT_SIZE:
         raise ValueError(f"RHT needs the last dim K={k} to be a multiple of {RHT_SIZE}")
     yc = y.to(torch.float32).reshape(*y.shape[:-1], k // RHT_SIZE, RHT_SIZE)
-    return torch.matmul(yc, rht_matrix(torch.float32, y.device).T).reshape(y.shape)
+    return torch.matmul(yc, _cached_rht_matrix(torch.float32, y.device).T).reshape(y.shape)

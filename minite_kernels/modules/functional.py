@@ -23,6 +23,12 @@ dX = dY·W = [[3, 4]], dW = dYᵀ·X = [[1, 2]], exactly nn.Linear's gradients.
 Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache` keyed on the weight's
 version counter and storage pointer, so they are re-quantized once after each ``optimizer.step()`` (an
 in-place update bumps ``_version``): that is the "weight sync" re-quantization.
+
+Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
+module and remembered in its cache (:class:`_Plan`: which backend quantizes/multiplies each operand, which
+GEMMs are plain BF16 matmuls, the cache keys); a dense layer (one group) takes a path without per-group
+slicing, and BF16 backward GEMMs are direct ``torch.mm`` calls on the same operand layouts the backend's
+BF16 path uses (identical results). Nothing here reads a device value on the host (no synchronization).
 """
 
 from __future__ import annotations
@@ -34,29 +40,58 @@ from typing import Any
 
 import torch
 
-from minite_kernels.backends import Backend, dequantize_operand
-from minite_kernels.recipes import OperandSpec, PrecisionRecipe
+from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
+from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
+
+
+class _Memo:
+    """A per-module slot for host-side dispatch decisions: never copied or pickled (``deepcopy`` of a
+    model gives an empty slot, refilled on the next call), so no backend object is ever duplicated."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def __copy__(self) -> _Memo:
+        return _Memo()
+
+    def __deepcopy__(self, memo) -> _Memo:
+        return _Memo()
+
+    def __reduce__(self):
+        return (_Memo, ())
 
 
 class WeightCache:
     """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
-    dtype and device are unchanged. A plain attribute (never a buffer): nothing here enters ``state_dict``."""
+    dtype, device and shape are unchanged. A plain attribute (never a buffer): nothing here enters
+    ``state_dict``."""
 
     def __init__(self) -> None:
         self._entries: dict[Any, tuple[tuple, Any]] = {}
         self.misses = 0
+        self._dispatch = _Memo()
 
     @staticmethod
     def _token(weight: torch.Tensor) -> tuple:
-        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, tuple(weight.shape))
+        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
 
     def get(self, key: Any, weight: torch.Tensor, make: Callable[[], Any]) -> Any:
-        token = self._token(weight)
         hit = self._entries.get(key)
-        if hit is not None and hit[0] == token:
-            return hit[1]
+        if hit is not None:
+            t = hit[0]
+            # the cheap, most selective fields first; all five must match
+            if (
+                t[0] == weight._version
+                and t[1] == weight.data_ptr()
+                and t[2] == weight.dtype
+                and t[4] == weight.shape
+                and t[3] == weight.device
+            ):
+                return hit[1]
         value = make()
-        self._entries[key] = (token, value)
+        self._entries[key] = (self._token(weight), value)
         self.misses += 1
         return value
 
@@ -71,6 +106,77 @@ class WeightCache:
         return len(self._entries)
 
 
+def _route_quantize(backend: Backend, spec: OperandSpec) -> Backend:
+    """The backend that quantizes ``spec`` (``auto`` decides per spec; the choice depends only on the spec)."""
+    if type(backend) is AutoBackend and spec.quantized:
+        return backend.plan_quantize(spec)
+    return backend
+
+
+def _route_gemm(backend: Backend, gemm: GemmSpec) -> Backend | None:
+    """The backend that runs ``gemm``, or None for a plain BF16 matmul (both operands unquantized and the
+    backend's BF16 path is the base class's ``torch.matmul``, which :func:`_mm_nt` reproduces)."""
+    if not gemm.a.quantized and not gemm.b.quantized:
+        if type(backend) is AutoBackend or type(backend).qgemm_nt is Backend.qgemm_nt:
+            return None
+        return backend
+    if type(backend) is AutoBackend:
+        return backend.plan_gemm(gemm.a, gemm.b)[0]
+    return backend
+
+
+class _Plan:
+    """Dispatch decided once per (recipe, backend): both are immutable for the plan's lifetime (a module
+    whose recipe or backend changes gets a new plan: identity is checked on every call)."""
+
+    __slots__ = (
+        "recipe",
+        "backend",
+        "fa_q",
+        "fb_q",
+        "save_quantized_x",
+        "dgrad_from_forward",
+        "x_quantizer",
+        "w_quantizer",
+        "fprop_backend",
+        "dgrad_backend",
+        "wgrad_backend",
+    )
+
+    def __init__(self, recipe: PrecisionRecipe, backend: Backend) -> None:
+        self.recipe, self.backend = recipe, backend
+        f = recipe.fprop
+        dq_fwd = recipe.backward_operands == "dequantized_forward"
+        self.fa_q, self.fb_q = f.a.quantized, f.b.quantized
+        self.save_quantized_x = dq_fwd and self.fa_q
+        self.dgrad_from_forward = dq_fwd and self.fb_q
+        self.x_quantizer = _route_quantize(backend, f.a)
+        self.w_quantizer = _route_quantize(backend, f.b)
+        self.fprop_backend = _route_gemm(backend, f) or backend
+        self.dgrad_backend = _route_gemm(backend, recipe.dgrad)
+        self.wgrad_backend = _route_gemm(backend, recipe.wgrad)
+
+
+def _plan_for(recipe: PrecisionRecipe, backend: Backend, cache: WeightCache) -> _Plan:
+    slot = getattr(cache, "_dispatch", None)
+    if slot is None:  # a cache unpickled from an older version
+        slot = cache._dispatch = _Memo()
+    plan = slot.value
+    if plan is None or plan.recipe is not recipe or plan.backend is not backend:
+        plan = slot.value = _Plan(recipe, backend)
+    return plan
+
+
+def _mm_nt(a: torch.Tensor, bt: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch.matmul(a, b.to(a.dtype).t()).to(out_dtype)`` (the base backend's BF16 GEMM) given
+    ``bt = b.t()``: the same operand layouts, hence the same result, without the no-op casts and views."""
+    if bt.dtype != a.dtype:
+        y = torch.matmul(a, bt.t().to(a.dtype).t())  # the base expression, literally
+    else:
+        y = torch.mm(a, bt)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
 @dataclass
 class QLinearState:
     """Non-tensor state of one quantized-linear call."""
@@ -82,6 +188,27 @@ class QLinearState:
     splits: tuple[int, ...] = ()
     grouped: bool = False
     saved_q: list = field(default_factory=list)
+    plan: _Plan | None = None
+
+
+_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+_PACKED = ("data", "scales", "amax", "nonfinite")
+
+
+def _first(ts: list[torch.Tensor]) -> torch.Tensor:
+    return ts[0]
+
+
+class _Rebuild:
+    """Rebuilds a quantized operand from its saved tensors; holds only the non-tensor fields."""
+
+    __slots__ = ("cls", "static", "names")
+
+    def __init__(self, cls: type, static: dict, names: tuple[str, ...]) -> None:
+        self.cls, self.static, self.names = cls, static, names
+
+    def __call__(self, ts: list[torch.Tensor]):
+        return self.cls(**self.static, **dict(zip(self.names, ts)))
 
 
 def _pack(q) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
@@ -89,22 +216,20 @@ def _pack(q) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
     a rebuild function that holds only the non-tensor fields (so checkpointing/offload hooks see every
     tensor; optional cached tensors such as a backend's GEMM operand are dropped)."""
     if isinstance(q, torch.Tensor):
-        return [q], lambda ts: ts[0]
+        return [q], _first
     cls = type(q)
-    names = [
-        n for n in ("data", "scales", "amax", "nonfinite") if isinstance(getattr(q, n, None), torch.Tensor)
-    ]
+    fields = _INIT_FIELDS.get(cls)
+    if fields is None:
+        fields = _INIT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(q) if f.init)
+    names = tuple(n for n in _PACKED if isinstance(getattr(q, n, None), torch.Tensor))
     tensors = [getattr(q, n) for n in names]
-    static = {
-        f.name: getattr(q, f.name)
-        for f in dataclasses.fields(q)
-        if f.init and f.name not in names and not isinstance(getattr(q, f.name), torch.Tensor)
-    }
-
-    def rebuild(ts: list[torch.Tensor]):
-        return cls(**static, **dict(zip(names, ts)))
-
-    return tensors, rebuild
+    static = {}
+    for n in fields:
+        if n not in names:
+            v = getattr(q, n)
+            if not isinstance(v, torch.Tensor):
+                static[n] = v
+    return tensors, _Rebuild(cls, static, names)
 
 
 def _quantize(backend: Backend, x: torch.Tensor, spec: OperandSpec, generator) -> Any:
@@ -149,8 +274,25 @@ def _backward_weight(state: QLinearState, weight: torch.Tensor, g: int):
     )
 
 
+def _forward_dense(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """One group, at least one row: :func:`_forward` without the per-group slicing, with planned dispatch."""
+    p, f = state.plan, state.recipe.fprop
+    out_dtype = x2d.dtype
+    if p.fa_q:
+        qx = p.x_quantizer.quantize(x2d if x2d.is_contiguous() else x2d.contiguous(), f.a, generator=None)
+    else:
+        qx = x2d
+    qw = _fprop_weight(state, weight, 0)
+    y = p.fprop_backend.qgemm_nt(None, None, f.a, f.b, a_quantized=qx, b_quantized=qw, out_dtype=out_dtype)
+    if bias is not None:
+        y = y + (bias if bias.dtype == out_dtype else bias.to(out_dtype))
+    return y, [qx]
+
+
 def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """Y for all groups; returns (y, per-group quantized X or None)."""
+    if not state.grouped and state.plan is not None and x2d.shape[0] > 0:
+        return _forward_dense(state, x2d, weight, bias)
     r = state.recipe
     n = weight.shape[-2]
     out_dtype = x2d.dtype
@@ -184,7 +326,7 @@ class _QLinearFunction(torch.autograd.Function):
         ctx.state = state
         ctx.has_bias = bias is not None
         ctx.x_dtype = x2d.dtype
-        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
+        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:  # plan.save_quantized_x
             tensors, rebuilders, counts = [], [], []
             for q in qxs:
                 if q is None:
@@ -211,6 +353,8 @@ class _QLinearFunction(torch.autograd.Function):
         weight, *rest = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dy2d = dy2d if dy2d.is_contiguous() else dy2d.contiguous()
+        if not state.grouped and state.plan is not None and state.splits[0] > 0:
+            return _backward_dense(ctx, state, dy2d, weight, rest, need_dx, need_dw)
 
         if ctx.saved_x:
             x2d = rest[0]
@@ -277,6 +421,50 @@ class _QLinearFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def _backward_dense(ctx, state: QLinearState, dy: torch.Tensor, weight, rest, need_dx: bool, need_dw: bool):
+    """One group: the generic backward's dgrad then wgrad (same operands, same generator order), with the
+    BF16 GEMMs as direct matmuls and the quantized ones on the planned backend."""
+    r, p = state.recipe, state.plan
+    x_dtype = ctx.x_dtype
+    dx = dw = db = None
+    if need_dx:
+        if p.dgrad_backend is None:  # dX = dY · W_b, exactly the base backend's matmul(dY, (W_bᵀ)ᵀ)
+            if p.dgrad_from_forward:
+                w_b = dequantize_operand(_fprop_weight(state, weight, 0), weight.dtype)
+            else:
+                w_b = weight
+            dx = _mm_nt(dy, w_b, x_dtype)
+        else:
+            dx = p.dgrad_backend.qgemm_nt(
+                dy,
+                None,
+                r.dgrad.a,
+                r.dgrad.b,
+                b_quantized=_backward_weight(state, weight, 0),
+                out_dtype=x_dtype,
+                generator=state.generator,
+            )
+    if need_dw:
+        if ctx.saved_x:
+            x = rest[0]
+        else:
+            x = dequantize_operand(ctx.rebuilders[0](list(rest)), x_dtype)
+        if p.wgrad_backend is None:  # dW = dYᵀ · X_b
+            dw = _mm_nt(dy.t(), x, weight.dtype)
+        else:
+            a, b = dy.t(), x.t()
+            if r.wgrad.a.quantized:
+                a = a.contiguous()
+            if r.wgrad.b.quantized:
+                b = b.contiguous()
+            dw = p.wgrad_backend.qgemm_nt(
+                a, b, r.wgrad.a, r.wgrad.b, out_dtype=weight.dtype, generator=state.generator
+            )
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        db = dy.sum(dim=0)
+    return dx, dw, db, None
+
+
 def check_splits(m_splits: Sequence[int] | torch.Tensor, num_groups: int, total: int) -> tuple[int, ...]:
     """Validate per-group row counts (``m_splits``) against the number of groups and rows."""
     if isinstance(m_splits, torch.Tensor):
@@ -314,15 +502,17 @@ def qlinear(
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features but the weight expects {k}")
     grouped = weight.dim() == 3
-    lead = x.shape[:-1]
-    x2d = x.reshape(-1, k)
+    flat = x.dim() == 2
+    x2d = x if flat else x.reshape(-1, k)
     if grouped:
         if m_splits is None:
             raise ValueError("a grouped weight [G, N, K] needs m_splits (rows per group)")
         splits = check_splits(m_splits, weight.shape[0], x2d.shape[0])
     else:
         splits = (x2d.shape[0],)
-    state = QLinearState(recipe, backend, cache, generator, splits, grouped)
+    state = QLinearState(
+        recipe, backend, cache, generator, splits, grouped, plan=_plan_for(recipe, backend, cache)
+    )
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
@@ -330,4 +520,4 @@ def qlinear(
         y = _QLinearFunction.apply(x2d, weight, bias, state)
     else:
         y, _ = _forward(state, x2d, weight, bias)
-    return y.reshape(*lead, weight.shape[-2])
+    return y if flat else y.reshape(*x.shape[:-1], weight.shape[-2])

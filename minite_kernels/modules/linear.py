@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minite_kernels.backends import Backend, get_backend
-from minite_kernels.modules.functional import WeightCache, qlinear
+from minite_kernels.modules.functional import WeightCache, _Memo, qlinear
 from minite_kernels.recipes import PrecisionRecipe, get_qlinear_params
 
 
@@ -50,6 +50,7 @@ class QuantizedLinearMixin:
         self._backend_obj = backend if isinstance(backend, Backend) else None
         self._weight_cache = WeightCache()
         self.generator = None
+        self._dispatch_memo = _Memo()  # (recipe, recipe.quantized, backend_name, device, backend)
 
     @property
     def recipe(self) -> PrecisionRecipe:
@@ -59,6 +60,20 @@ class QuantizedLinearMixin:
         if self._backend_obj is not None:
             return self._backend_obj
         return get_backend(self.backend_name, device)
+
+    def _dispatch(self, device: torch.device) -> tuple:
+        """(recipe, recipe.quantized, backend_name, device, backend), remembered while the recipe object,
+        the backend name and the device stay the same (get_backend returns one instance per name/device)."""
+        slot = self.__dict__.get("_dispatch_memo")
+        if slot is None:  # a module unpickled from an older version
+            slot = self.__dict__["_dispatch_memo"] = _Memo()
+        d = slot.value
+        r = self.qlinear_params
+        if d is None or d[0] is not r or d[2] != self.backend_name or d[3] != device:
+            d = slot.value = (r, r.quantized, self.backend_name, device, self.backend_for(device))
+        elif self._backend_obj is not None and d[4] is not self._backend_obj:
+            d = slot.value = (r, r.quantized, self.backend_name, device, self._backend_obj)
+        return d
 
     def invalidate_quantized_weights(self) -> None:
         """Drop cached quantized weights (normally automatic: the cache is keyed on the weight version)."""
@@ -85,15 +100,15 @@ class QuantizedLinearMixin:
         self._weight_cache.put(("fprop", spec, group), weight, quantized)
 
     def _apply_linear(self, x: torch.Tensor, weight: torch.Tensor, bias, m_splits=None) -> torch.Tensor:
-        r = self.qlinear_params
-        if not r.quantized and m_splits is None:
+        r, quantized, _, _, backend = self._dispatch(x.device)
+        if not quantized and m_splits is None:
             return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
         return qlinear(
             x,
             weight,
             bias,
             r,
-            self.backend_for(x.device),
+            backend,
             self._weight_cache,
             m_splits=m_splits,
             generator=self.generator,

@@ -9,7 +9,7 @@ import pytest
 from eval.cli import main
 from eval.data import load_rows
 from eval.engines import Generation, GenerationParams, get_engine
-from eval.engines.base import Engine
+from eval.engines.base import Engine, render_prompt
 from eval.engines.local import LocalEngine
 from eval.runner import RunConfig, parse_samples, run_eval
 from eval.task import get_task
@@ -196,11 +196,23 @@ def test_vllm_engine_maps_prompts_and_settings(monkeypatch, tiny, tmp_path):
     cfg = RunConfig(model="some/model", engine="vllm", tasks=("gsm8k",), limit=1, output_dir=str(tmp_path / "v"))
     res = run_eval(cfg, engine=engine, show_progress=False)
     prompts, params = calls["generate"]
-    assert prompts[0]["prompt_token_ids"][-3:] == tiny[1].apply_chat_template(
-        [{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True)[-3:]  # chat-templated ids
+    ex = get_task("gsm8k").examples(load_rows(get_task("gsm8k")))[0]
+    assert prompts == [{"prompt_token_ids": render_prompt(tiny[1], ex.prompt)}]  # the same ids as engine=local
+    assert tiny[1].decode(prompts[0]["prompt_token_ids"]).startswith("<|im_start|>user\n" + ex.question[:20])
     assert params[0].kw == {"n": 4, "temperature": 0.6, "top_p": 0.95, "top_k": -1, "max_tokens": 8192, "seed": 0}
     s = res["tasks"]["gsm8k"]  # gold of row 0 is 18: sample 0 right, samples 1-3 wrong
     assert s["metrics"]["accuracy"]["per_sample"] == [1.0, 0.0, 0.0, 0.0]
     assert res["protocol"]["engine"]["engine"] == "vllm"
     with pytest.raises(ValueError, match="needs an NVFP4 checkpoint"):
         get_engine("vllm", str(tmp_path), precision="nvfp4_per_token")
+
+
+def test_chat_template_kwargs_reach_the_template(tiny, capsys):
+    tok = tiny[1]
+    plain = tok.decode(render_prompt(tok, "Hi"))
+    no_think = tok.decode(render_prompt(tok, "Hi", template_kwargs={"enable_thinking": False}))
+    assert plain.endswith("<|im_start|>assistant\n")
+    assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3's non-thinking form
+    assert tok.decode(render_prompt(tok, "Hi", chat_template=False)) == "Hi"
+    rc = main(["run", "x", "--tasks", "gsm8k", "--chat-template-kwargs", "[1]"])
+    assert rc == 2 and "--chat-template-kwargs must be a JSON object" in capsys.readouterr().err

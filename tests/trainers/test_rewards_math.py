@@ -40,6 +40,7 @@ def test_extract_boxed(text, expected):
     ("It costs 1,234 dollars.", "1234"),
     ("no digits", None),
     ("#### ", None),
+    ("I think 5.\n#### eighteen", None),  # "####" decides; nothing numeric after it
 ])
 def test_extract_gsm8k(text, expected):
     assert extract_gsm8k(text) == expected

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.config import Config, to_yaml
+from trainers.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.config import Config, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
 from trainers.learner.batch import RolloutBatch, collate
@@ -59,8 +59,6 @@ def timed(store: dict[str, float], key: str, device: torch.device):
 
 
 def _write_meta(run_dir: pathlib.Path, updates: dict[str, Any]) -> None:
-    from trainers.checkpoint import atomic_write_text
-
     path = run_dir / "run_meta.json"
     meta = json.loads(path.read_text()) if path.is_file() else {}
     meta.update(updates)
@@ -84,6 +82,42 @@ def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]
                             lm_head="lm_head" not in cfg.precision.exclude)
     return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
             "quantized_layers": len(report.swapped)}
+
+
+def _row_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (json.JSONDecodeError, ValueError, TypeError):
+        return 1 << 62
+
+
+def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
+    """On resume, list keys whose value differs from the interrupted run's (exact resumption needs none)."""
+    if not path.is_file():
+        return
+    try:
+        from omegaconf import OmegaConf
+
+        old = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:
+        return
+    new = to_container(cfg)
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    a, b = flat(old), flat(new)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
+                     and not k.startswith(("trainer.max_steps", "trainer.resume", "logger.")))
+    if changed:
+        print(f"[trainers] resuming with a changed config ({', '.join(changed)}); the run will not match an "
+              "uninterrupted one", file=sys.stderr)
 
 
 def _weight_cache_misses(model) -> int:
@@ -115,6 +149,8 @@ class LocalTrainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.trainer.cpu_threads:
+            torch.set_num_threads(cfg.trainer.cpu_threads)
         random.seed(cfg.trainer.seed)
         np.random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
@@ -156,7 +192,13 @@ class LocalTrainer:
             self.start_step = int(st["step"])
             print(f"[trainers] resumed from {ckpt} (step {self.start_step})", file=sys.stderr)
         self.state["run_id"] = self.state["run_id"] or uuid.uuid4().hex[:12]
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if ckpt is not None:
+            _warn_config_changes(self.run_dir / "config.yaml", cfg)
+        samples = self.run_dir / "samples.jsonl"
+        if samples.is_file():  # keep the samples of the steps the restored checkpoint contains
+            keep = [ln for ln in samples.read_text().splitlines() if ln.strip() and _row_step(ln) <= self.start_step]
+            atomic_write_text(samples, "".join(ln + "\n" for ln in keep))
+        atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
@@ -181,9 +223,11 @@ class LocalTrainer:
     def _score(self, step: int, examples, completions) -> tuple[torch.Tensor, dict[str, float]]:
         n = self.cfg.rollout.n
         scores, extras = [], {}
+        self._texts = []
         for i, c in enumerate(completions):
             ex = examples[i // n]
             text = self.tok.decode(c.token_ids, skip_special_tokens=True)
+            self._texts.append(text)
             s, extra = score_one(self.reward_fn, self.reward_name, data_source=ex.data_source, response=text,
                                  ground_truth=ex.answer,
                                  extra_info={"question": ex.question, "index": ex.index, "step": step, **ex.extra},
@@ -328,6 +372,7 @@ class LocalTrainer:
             "perf/rollout_tokens_per_s": ntok / max(t["timing/rollout_s"], 1e-9),
             "train/nan_skipped": float(nonfinite), **reward_extra, **t,
         })
+        self._log_samples(step, examples, completions, scores)
         if nonfinite:
             self.state["nan_skipped_total"] += 1
             self.state["consecutive_nan"] += 1
@@ -335,6 +380,18 @@ class LocalTrainer:
             self.state["consecutive_nan"] = 0
         metrics["train/nan_skipped_total"] = float(self.state["nan_skipped_total"])
         return metrics
+
+    def _log_samples(self, step: int, examples, completions, scores: torch.Tensor) -> None:
+        k = min(self.cfg.trainer.log_samples, len(completions))
+        if not k:
+            return
+        n = self.cfg.rollout.n
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            for i in range(k):
+                ex = examples[i // n]
+                f.write(json.dumps({"step": step + 1, "question": ex.question, "gold": ex.answer,
+                                    "response": self._texts[i], "reward": float(scores[i]),
+                                    "finish_reason": completions[i].finish_reason}) + "\n")
 
     # ----------------------------------------------------------------------------------------------- loop
     def save(self, step: int) -> pathlib.Path:

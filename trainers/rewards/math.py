@@ -89,7 +89,8 @@ def extract_boxed(text: str) -> str | None:
 
 
 def extract_gsm8k(text: str) -> str | None:
-    """GSM8K answer: the number after the last ``####``, else the last number in the text; commas stripped.
+    """GSM8K answer: the number after the last ``####`` (None if none follows), else the last number in the text;
+    commas stripped.
 
     >>> extract_gsm8k("so 1,000 + 234 = 1,234\\n#### 1,234")
     '1234'
@@ -104,8 +105,7 @@ def extract_gsm8k(text: str) -> str | None:
         m = _NUMBER_RE.search(tail)
         if m:
             return m.group(0).replace(",", "")
-        tail = tail.splitlines()[0].strip() if tail else ""
-        return tail or None
+        return None  # "#### eighteen": no number, no answer
     nums = _NUMBER_RE.findall(text)
     return nums[-1].replace(",", "") if nums else None
 
@@ -165,8 +165,10 @@ def _parse_gold(gold_latex: str, timeout: int | None) -> tuple:
 
 def _verify(text: str, gold: str, timeout: int | None) -> float:
     """math-verify check (runs in whatever thread calls it; timeouts must be None off the main thread)."""
-    from math_verify import parse, verify
-
+    try:
+        from math_verify import parse, verify
+    except ImportError as exc:
+        raise ImportError("math answer scoring needs math-verify: pip install 'math-verify==0.9.0'") from exc
     try:
         gold_parsed = list(_parse_gold(_gold_latex(gold), timeout))
         if not gold_parsed:

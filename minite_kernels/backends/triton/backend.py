@@ -51,10 +51,19 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 
 
+_MODE_MEMO: list = [None, "dequant"]  # (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
+
+
 def gemm_mode() -> str:
-    mode = os.environ.get("MINITE_TRITON_GEMM", "dequant").strip().lower()
+    """``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time; parsed once per value)."""
+    raw = os.environ.get("MINITE_TRITON_GEMM", "dequant")
+    memo = _MODE_MEMO
+    if raw == memo[0]:
+        return memo[1]
+    mode = raw.strip().lower()
     if mode not in GEMM_MODES:
         raise ValueError(f"MINITE_TRITON_GEMM={mode!r} is not valid; choose one of {list(GEMM_MODES)}")
+    memo[0], memo[1] = raw, mode
     return mode
 
 
@@ -69,7 +78,8 @@ class TritonNVFP4Tensor(NVFP4Tensor):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.deq is not None and dtype == torch.bfloat16:
-            return self.deq.reshape(self.shape)
+            deq = self.deq
+            return deq if deq.shape == self.shape else deq.reshape(self.shape)
         if not kernel_device_ok(self.data):
             return super().dequantize(dtype)
         out = dequantize_nvfp4_triton(
@@ -79,7 +89,9 @@ class TritonNVFP4Tensor(NVFP4Tensor):
             per_token=self.scaling == "per_token",
             dtype=torch.float32 if dtype not in _KERNEL_DTYPES else dtype,
         )
-        return out.reshape(self.shape).to(dtype)
+        if out.shape != self.shape:
+            out = out.reshape(self.shape)
+        return out if out.dtype == dtype else out.to(dtype)
 
     def exact_operand(self) -> torch.Tensor:
         """The BF16 ``qs`` operand (recomputed from the packed bytes if it was dropped)."""
@@ -93,10 +105,21 @@ class TritonNVFP4Tensor(NVFP4Tensor):
         return qs
 
 
+_UNIT_AMAX: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit_amax(device: torch.device) -> torch.Tensor:
+    """fp32 [2688.0] on ``device``, made once (read-only: the GEMM epilogue only reads it)."""
+    t = _UNIT_AMAX.get(device)
+    if t is None:
+        t = _UNIT_AMAX[device] = torch.full((1,), 2688.0, dtype=torch.float32, device=device)
+    return t
+
+
 def _exact_operand(q: QuantizedOperand) -> tuple[torch.Tensor, torch.Tensor]:
     """(BF16 operand, fp32 outer amax [1] or [rows]) for the exact GEMM."""
     if isinstance(q, torch.Tensor):  # a bf16-spec operand: amax 2688 makes the epilogue factor 1/2688
-        return q, torch.full((1,), 2688.0, dtype=torch.float32, device=q.device)
+        return q, _unit_amax(q.device)
     if isinstance(q, TritonNVFP4Tensor):
         return q.exact_operand(), q.amax
     if isinstance(q, NVFP4Tensor):  # made by another backend (e.g. a cached weight): decode once, memoise
@@ -115,7 +138,10 @@ def _dequant_operand(q: QuantizedOperand) -> torch.Tensor:
     if isinstance(q, TritonNVFP4Tensor):
         if q.deq is None:
             q.deq = q.dequantize(torch.bfloat16).reshape(q.rows, q.cols)
-        return q.deq.reshape(q.rows, q.cols)
+        deq = q.deq
+        if deq.dim() == 2 and deq.shape[0] == q.data.shape[0]:  # [rows, cols] already (always, from _quantize)
+            return deq
+        return deq.reshape(q.rows, q.cols)
     if isinstance(q, NVFP4Tensor):
         deq = getattr(q, "_minite_deq", None)
         if deq is None or deq.device != q.data.device:
@@ -211,11 +237,13 @@ class TritonBackend(Backend):
                 "using the emulated (pure PyTorch) quantizer for such inputs",
             )
             return self._fallback._quantize(x2d, spec, generator=generator)
+        mode = gemm_mode()
         cacheable = not spec.stochastic_rounding
-        key = self._key(x2d, spec) if cacheable else None
-        if cacheable and self._last is not None and self._last[1] == key:
-            return self._last[2]
-        q = self._quantize_now(x2d, spec, generator)
+        key = self._key(x2d, spec, mode) if cacheable else None
+        last = self._last
+        if cacheable and last is not None and last[1] == key:
+            return last[2]
+        q = self._quantize_now(x2d, spec, generator, mode)
         self._last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
         return q
 
@@ -224,19 +252,21 @@ class TritonBackend(Backend):
         self._last = None
 
     @staticmethod
-    def _key(x: torch.Tensor, spec: OperandSpec) -> tuple:
+    def _key(x: torch.Tensor, spec: OperandSpec, mode: str | None = None) -> tuple:
         return (
             x.data_ptr(),
             x._version,
-            tuple(x.shape),
-            tuple(x.stride()),
+            x.shape,
+            x.stride(),
             x.dtype,
             x.device,
             spec,
-            gemm_mode(),
+            gemm_mode() if mode is None else mode,
         )
 
-    def _quantize_now(self, x2d: torch.Tensor, spec: OperandSpec, generator) -> TritonNVFP4Tensor:
+    def _quantize_now(
+        self, x2d: torch.Tensor, spec: OperandSpec, generator, mode: str | None = None
+    ) -> TritonNVFP4Tensor:
         from minite_kernels import formats
 
         orig_shape, orig_dtype = x2d.shape, x2d.dtype
@@ -250,7 +280,8 @@ class TritonBackend(Backend):
         if spec.stochastic_rounding:
             rbits = formats.random_bytes((m, k), generator=generator, device=x.device)
         per_token = spec.scaling == "per_token"
-        mode = gemm_mode()
+        if mode is None:
+            mode = gemm_mode()
         want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
         out = quantize_nvfp4_triton(
             x,
@@ -279,8 +310,9 @@ class TritonBackend(Backend):
         )
 
     def _gemm(self, qa, qb, a_spec, b_spec, *, out_dtype: torch.dtype) -> torch.Tensor:
-        ref = qa if isinstance(qa, torch.Tensor) else qa.data
-        plain_ok = all(not isinstance(q, torch.Tensor) or q.dtype == torch.bfloat16 for q in (qa, qb))
+        qa_plain, qb_plain = isinstance(qa, torch.Tensor), isinstance(qb, torch.Tensor)
+        ref = qa if qa_plain else qa.data
+        plain_ok = (not qa_plain or qa.dtype == torch.bfloat16) and (not qb_plain or qb.dtype == torch.bfloat16)
         if not kernel_device_ok(ref) or not plain_ok:
             warn_once(
                 f"g-{ref.device.type}",
