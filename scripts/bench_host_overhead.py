@@ -5,7 +5,10 @@ BF16 but the step 1.8x, the difference being the Python plumbing around each of 
 function, recipe dispatch, backend validation, weight-cache lookups, quantized-operand bookkeeping). This
 script times exactly that plumbing on tiny tensors, where every kernel costs next to nothing:
 
-  torch_linear        ``nn.Linear`` fwd+bwd: the floor (autograd engine + two tiny matmuls)
+  torch_linear        ``nn.Linear`` fwd+bwd: the floor (autograd engine + three tiny matmuls)
+  autograd_function_floor
+                      the same three matmuls in a minimal Python ``torch.autograd.Function``: the floor
+                      for any Python-level quantized linear
   fake/<recipe>       ``minite_kernels.modules.Linear`` on a counting backend whose ``_quantize``/``_gemm``
                       do trivial work: the module + autograd + base-backend plumbing only
   triton/<recipe>     the real ``TritonBackend`` with its kernel launchers replaced by stubs that allocate the
@@ -16,7 +19,14 @@ It prints, per case, microseconds per linear fwd+bwd (best of ``--repeats`` timi
 stderr, and one JSON line on stdout::
 
   {"bench": "host_overhead", "device": "cpu", "shape": [16, 64, 64], "us_per_linear": {...},
-   "overhead_us_vs_torch_linear": {...}, "ratio_vs_torch_linear": {...}, "calls_per_linear": {...}}
+   "overhead_us_vs_torch_linear": {...}, "ratio_vs_torch_linear": {...},
+   "aten_ops_per_linear": {case: {"all", "top_level"}}, "python_calls_per_linear": {...},
+   "calls_per_linear": {fake case: {"quantize", "gemm"}}}
+
+ATen-op and Python-call counts do not depend on the machine's load, unlike the times (a shared CPU adds tens of
+percent of noise). To compare with an older version of the package, run the same script with
+``PYTHONPATH=<checkout of that version>`` (the script imports whichever ``minite_kernels`` comes first and
+names it in the JSON).
 
 ``--device cuda`` runs the same cases on a GPU (the triton case then uses the real kernels) and additionally
 counts host-device synchronizations per linear with ``torch.cuda.set_sync_debug_mode``; ``--profile CASE``
@@ -95,8 +105,18 @@ def stub_triton_kernels():
     import minite_kernels.backends.triton.backend as tb
     from minite_kernels.backends.triton.quantize import QuantOut
 
-    def quantize_stub(x, *, per_token, tile16=False, rbits=None, write_packed=True, write_qs=False,
-                      write_deq=False, out=None, scratch=None):
+    def quantize_stub(
+        x,
+        *,
+        per_token,
+        tile16=False,
+        rbits=None,
+        write_packed=True,
+        write_qs=False,
+        write_deq=False,
+        out=None,
+        scratch=None,
+    ):
         m, k = x.shape
         dev = x.device
         nrow = m if per_token else 1
@@ -115,8 +135,10 @@ def stub_triton_kernels():
     def mm_stub(a, b, sa, sb, *, out_dtype, impl=None):
         return torch.mm(a, b.t()).to(out_dtype)
 
-    saved = {n: getattr(tb, n) for n in ("quantize_nvfp4_triton", "dequantize_nvfp4_triton", "scaled_mm_nt",
-                                         "kernel_device_ok")}
+    saved = {
+        n: getattr(tb, n)
+        for n in ("quantize_nvfp4_triton", "dequantize_nvfp4_triton", "scaled_mm_nt", "kernel_device_ok")
+    }
     tb.quantize_nvfp4_triton = quantize_stub
     tb.dequantize_nvfp4_triton = dequantize_stub
     tb.scaled_mm_nt = mm_stub
@@ -128,6 +150,27 @@ def stub_triton_kernels():
             setattr(tb, n, f)
 
 
+class _MinimalLinearFunction(torch.autograd.Function):
+    """The least a Python autograd function can do for a linear: one GEMM forward, two backward."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight):
+        ctx.save_for_backward(x2d, weight)
+        return torch.mm(x2d, weight.t())
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, weight = ctx.saved_tensors
+        return torch.mm(dy, weight), torch.mm(dy.t(), x2d)
+
+
+class MinimalFunctionLinear(nn.Linear):
+    def forward(self, x):
+        return _MinimalLinearFunction.apply(x.reshape(-1, x.shape[-1]), self.weight).reshape(
+            *x.shape[:-1], self.out_features
+        )
+
+
 def build_case(case: str, device: torch.device, k: int, n: int, dtype: torch.dtype):
     """(module, backend-or-None, context manager) for one case."""
     from minite_kernels.modules import Linear
@@ -135,6 +178,12 @@ def build_case(case: str, device: torch.device, k: int, n: int, dtype: torch.dty
     torch.manual_seed(0)
     if case == "torch_linear":
         return nn.Linear(k, n, bias=False, device=device, dtype=dtype), None, contextlib.nullcontext()
+    if case == "autograd_function_floor":
+        return (
+            MinimalFunctionLinear(k, n, bias=False, device=device, dtype=dtype),
+            None,
+            contextlib.nullcontext(),
+        )
     kind, recipe = case.split("/")
     ctx = contextlib.nullcontext()
     if kind == "fake":
@@ -234,14 +283,16 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cases", default="", help="comma-separated subset (default: all)")
     p.add_argument("--profile", default="", help="print the cProfile top functions of this case")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny ops, no thread wake-ups)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: tiny ops, no thread wake-ups)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     dtype = torch.bfloat16
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    cases = ["torch_linear"]
+    cases = ["torch_linear", "autograd_function_floor"]
     for kind in ("fake", "triton", "emulated"):
         cases += [f"{kind}/{r}" for r in RECIPES]
     if args.cases:
@@ -253,7 +304,10 @@ def main(argv=None) -> int:
     us, calls, syncs, ops, pycalls = {}, {}, {}, {}, {}
     for case in cases:
         layer, backend, ctx = build_case(case, device, args.k, args.n, dtype)
-        xs = [torch.randn(1, args.tokens, args.k, device=device, dtype=dtype, requires_grad=True) for _ in range(2)]
+        xs = [
+            torch.randn(1, args.tokens, args.k, device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2)
+        ]
         step = step_fn(layer, xs)
         with ctx:
             us[case] = time_case(step, args.iters, args.repeats, sync)
@@ -291,7 +345,9 @@ def main(argv=None) -> int:
         "us_per_linear": {c: round(v, 1) for c, v in us.items()},
     }
     if base:
-        rec["overhead_us_vs_torch_linear"] = {c: round(v - base, 1) for c, v in us.items() if c != "torch_linear"}
+        rec["overhead_us_vs_torch_linear"] = {
+            c: round(v - base, 1) for c, v in us.items() if c != "torch_linear"
+        }
         rec["ratio_vs_torch_linear"] = {c: round(v / base, 2) for c, v in us.items() if c != "torch_linear"}
     rec["aten_ops_per_linear"] = ops
     rec["python_calls_per_linear"] = pycalls

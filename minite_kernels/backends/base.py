@@ -35,6 +35,7 @@ count. Rows need no alignment (a partial 16x16 tile is treated as zero-padded, a
 from __future__ import annotations
 
 import abc
+import functools
 from typing import TYPE_CHECKING, ClassVar, Union
 
 import torch
@@ -125,6 +126,18 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+# the default (ok, reason) answers depend only on the backend name and the frozen specs; they run before every
+# quantize / GEMM, so the reason strings are built once
+@functools.lru_cache(maxsize=1024)
+def _default_quantize_support(name: str, spec: OperandSpec) -> tuple[bool, str]:
+    return True, f"{name}: quantizes {spec.summary()}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _default_gemm_support(name: str, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
+    return True, f"{name}: {a_spec.summary()} x {b_spec.summary()}"
+
+
 class Backend(abc.ABC):
     """Quantization + quantized GEMM on one device; see the module docstring for the contract."""
 
@@ -143,10 +156,10 @@ class Backend(abc.ABC):
         """(ok, reason): can this backend run at all on ``device``?"""
 
     def supports_quantize(self, spec: OperandSpec) -> tuple[bool, str]:
-        return True, f"{self.name}: quantizes {spec.summary()}"
+        return _default_quantize_support(self.name, spec)
 
     def supports_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
-        return True, f"{self.name}: {a_spec.summary()} x {b_spec.summary()}"
+        return _default_gemm_support(self.name, a_spec, b_spec)
 
     # --- public operations -----------------------------------------------------------------------
     def quantize(

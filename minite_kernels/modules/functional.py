@@ -25,8 +25,8 @@ version counter and storage pointer, so they are re-quantized once after each ``
 in-place update bumps ``_version``): that is the "weight sync" re-quantization.
 
 Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
-module and remembered in its cache (:class:`_Plan`: which backend quantizes/multiplies each operand, which
-GEMMs are plain BF16 matmuls, the cache keys); a dense layer (one group) takes a path without per-group
+module and remembered next to its weight cache (:class:`_Plan`: which backend quantizes X and runs each
+GEMM, which GEMMs are plain BF16 matmuls); a dense layer (one group) takes a path without per-group
 slicing, and BF16 backward GEMMs are direct ``torch.mm`` calls on the same operand layouts the backend's
 BF16 path uses (identical results). Nothing here reads a device value on the host (no synchronization).
 """
@@ -130,28 +130,23 @@ class _Plan:
     whose recipe or backend changes gets a new plan: identity is checked on every call)."""
 
     __slots__ = (
-        "recipe",
         "backend",
-        "fa_q",
-        "fb_q",
-        "save_quantized_x",
-        "dgrad_from_forward",
-        "x_quantizer",
-        "w_quantizer",
-        "fprop_backend",
         "dgrad_backend",
+        "dgrad_from_forward",
+        "fa_q",
+        "fprop_backend",
+        "recipe",
         "wgrad_backend",
+        "x_quantizer",
     )
 
     def __init__(self, recipe: PrecisionRecipe, backend: Backend) -> None:
         self.recipe, self.backend = recipe, backend
         f = recipe.fprop
         dq_fwd = recipe.backward_operands == "dequantized_forward"
-        self.fa_q, self.fb_q = f.a.quantized, f.b.quantized
-        self.save_quantized_x = dq_fwd and self.fa_q
-        self.dgrad_from_forward = dq_fwd and self.fb_q
+        self.fa_q = f.a.quantized
+        self.dgrad_from_forward = dq_fwd and f.b.quantized
         self.x_quantizer = _route_quantize(backend, f.a)
-        self.w_quantizer = _route_quantize(backend, f.b)
         self.fprop_backend = _route_gemm(backend, f) or backend
         self.dgrad_backend = _route_gemm(backend, recipe.dgrad)
         self.wgrad_backend = _route_gemm(backend, recipe.wgrad)
@@ -202,7 +197,7 @@ def _first(ts: list[torch.Tensor]) -> torch.Tensor:
 class _Rebuild:
     """Rebuilds a quantized operand from its saved tensors; holds only the non-tensor fields."""
 
-    __slots__ = ("cls", "static", "names")
+    __slots__ = ("cls", "names", "static")
 
     def __init__(self, cls: type, static: dict, names: tuple[str, ...]) -> None:
         self.cls, self.static, self.names = cls, static, names
@@ -326,7 +321,7 @@ class _QLinearFunction(torch.autograd.Function):
         ctx.state = state
         ctx.has_bias = bias is not None
         ctx.x_dtype = x2d.dtype
-        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:  # plan.save_quantized_x
+        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
             tensors, rebuilders, counts = [], [], []
             for q in qxs:
                 if q is None:

@@ -65,10 +65,22 @@ def test_smoke_triage_run(tiny_model_dir, tmp_path, monkeypatch):
     assert trainer.run_dir == out
 
 
-def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, _helpers_on_path):
-    common = ["recipe=bf16", "trainer.max_steps=3", "trainer.save_every=1", "reward.fn=reward_helpers:crash_at_step"]
-    full = tmp_path / "full"
-    run_local(load_config([*common, *_args(tiny_model_dir, full)]))
+RESUME_COMMON = ["recipe=bf16", "trainer.max_steps=3", "trainer.save_every=1",
+                 "reward.fn=reward_helpers:crash_at_step"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory):
+    import sys
+
+    sys.path.insert(0, str(HERE))
+    full = tmp_path_factory.mktemp("full")
+    run_local(load_config([*RESUME_COMMON, *_args(tiny_model_dir, full)]))
+    return _stable(read_metrics(full))
+
+
+def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, _helpers_on_path, uninterrupted):
+    common = RESUME_COMMON
 
     part = tmp_path / "part"
     _helpers_on_path.CRASH_AT_STEP = 2  # dies in the middle of the third step (after its rollout)
@@ -81,9 +93,39 @@ def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, _helper
 
     _helpers_on_path.CRASH_AT_STEP = None
     run_local(load_config([*common, *_args(tiny_model_dir, part)]))  # trainer.resume=auto
-    a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
+    b = _stable(read_metrics(part))
     assert [r["step"] for r in b] == [1, 2, 3]
-    assert a == b
+    assert uninterrupted == b
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, uninterrupted):
+    """A real `kill -9` of `python -m trainers.grpo` mid-run, then trainer.resume=auto."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    part = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainers.grpo", *RESUME_COMMON, *_args(tiny_model_dir, part)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = part / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() == "step_000001":
+            break
+        time.sleep(0.05)
+    killed = proc.poll() is None
+    if killed:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed, "the run finished before it could be killed"
+    done = [r["step"] for r in read_metrics(part)]
+    assert done and done[0] == 1 and len(done) < 3
+    run_local(load_config([*RESUME_COMMON, *_args(tiny_model_dir, part)]))
+    assert _stable(read_metrics(part)) == uninterrupted
 
 
 def test_nan_steps_are_skipped_then_stop(tiny_model_dir, tmp_path):

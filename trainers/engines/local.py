@@ -44,6 +44,20 @@ def env_snapshot() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_ECHO_PREFIXES)}
 
 
+def choose_cpu_threads(requested: int | None, device: torch.device) -> int:
+    """Set torch's CPU threads: `requested`, else 1 on a CPU whose load already fills its cores, else torch's
+    default. Returns the number in use."""
+    if requested:
+        torch.set_num_threads(requested)
+    elif device.type == "cpu" and hasattr(os, "getloadavg"):
+        cores = os.cpu_count() or 1
+        if cores > 1 and os.getloadavg()[0] >= cores:
+            print(f"[trainers] CPU busy (load {os.getloadavg()[0]:.1f} on {cores} cores): using 1 torch thread "
+                  "(set trainer.cpu_threads to override)", file=sys.stderr)
+            torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -149,8 +163,7 @@ class LocalTrainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.trainer.cpu_threads:
-            torch.set_num_threads(cfg.trainer.cpu_threads)
+        self.cpu_threads = choose_cpu_threads(cfg.trainer.cpu_threads, self.device)
         random.seed(cfg.trainer.seed)
         np.random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
@@ -201,6 +214,7 @@ class LocalTrainer:
         atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
+                "cpu_threads": self.cpu_threads,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
                 "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
                 "sampling_backend": "flashinfer" if self.sampler_backend() == "flashinfer" else "torch",

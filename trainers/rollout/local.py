@@ -8,6 +8,16 @@ single full-sequence forward, so the log-prob gap it measures between the two is
 Layout: prompts are left-padded; ``attention_mask`` marks real tokens and ``position_ids = cumsum(mask) - 1``,
 so every sequence sees positions 0, 1, 2, ... exactly as in the learner's unpadded forward. Finished rows are
 dropped from the batch (and the cache) as soon as they emit a stop token.
+
+Truncated sampling: ``top_p`` / ``top_k`` are supported here (evaluation uses them) and the returned log-probs
+are then those of the truncated distribution. The trainer refuses them (``trainers.config.validate``): the
+learner would have to recompute log-probs under the same truncation, and a token the sampler kept can fall
+outside the learner's differently-rounded nucleus, which makes the gap infinite (verl issue #6240). RL runs
+use the defaults top_p = 1, top_k = -1.
+
+Measured on CPU (tests/trainers/test_precision_gap.py): with per-token NVFP4 activation scaling every token
+row is quantized on its own, so decode and full forward see identical operands and the gap stays at fp32
+rounding (~3e-7); per-tensor activation scaling opens a real gap (~3e-2 mean |delta|).
 """
 from __future__ import annotations
 

@@ -51,11 +51,13 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 
 
-_MODE_MEMO: list = [None, "dequant"]  # (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
+# (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
+_MODE_MEMO: tuple[str | None, str] = (None, "dequant")
 
 
 def gemm_mode() -> str:
     """``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time; parsed once per value)."""
+    global _MODE_MEMO
     raw = os.environ.get("MINITE_TRITON_GEMM", "dequant")
     memo = _MODE_MEMO
     if raw == memo[0]:
@@ -63,7 +65,7 @@ def gemm_mode() -> str:
     mode = raw.strip().lower()
     if mode not in GEMM_MODES:
         raise ValueError(f"MINITE_TRITON_GEMM={mode!r} is not valid; choose one of {list(GEMM_MODES)}")
-    memo[0], memo[1] = raw, mode
+    _MODE_MEMO = (raw, mode)  # one atomic rebinding: readers never see a half-updated pair
     return mode
 
 
@@ -139,7 +141,9 @@ def _dequant_operand(q: QuantizedOperand) -> torch.Tensor:
         if q.deq is None:
             q.deq = q.dequantize(torch.bfloat16).reshape(q.rows, q.cols)
         deq = q.deq
-        if deq.dim() == 2 and deq.shape[0] == q.data.shape[0]:  # [rows, cols] already (always, from _quantize)
+        if (
+            deq.dim() == 2 and deq.shape[0] == q.data.shape[0]
+        ):  # [rows, cols] already (always, from _quantize)
             return deq
         return deq.reshape(q.rows, q.cols)
     if isinstance(q, NVFP4Tensor):
@@ -312,7 +316,9 @@ class TritonBackend(Backend):
     def _gemm(self, qa, qb, a_spec, b_spec, *, out_dtype: torch.dtype) -> torch.Tensor:
         qa_plain, qb_plain = isinstance(qa, torch.Tensor), isinstance(qb, torch.Tensor)
         ref = qa if qa_plain else qa.data
-        plain_ok = (not qa_plain or qa.dtype == torch.bfloat16) and (not qb_plain or qb.dtype == torch.bfloat16)
+        plain_ok = (not qa_plain or qa.dtype == torch.bfloat16) and (
+            not qb_plain or qb.dtype == torch.bfloat16
+        )
         if not kernel_device_ok(ref) or not plain_ok:
             warn_once(
                 f"g-{ref.device.type}",
