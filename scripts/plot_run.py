@@ -88,6 +88,9 @@ def plot(runs: list[pathlib.Path], out: pathlib.Path, window: int = 5, title: st
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

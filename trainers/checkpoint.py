@@ -25,6 +25,12 @@ import torch
 STATE_FILE = "trainer_state.json"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -33,6 +39,7 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -80,6 +87,7 @@ def save_checkpoint(ckpt_root: pathlib.Path, step: int, *, model, tokenizer, opt
                     "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "optimizer.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True))
+        os.chmod(tmp, 0o777 & ~_umask())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
