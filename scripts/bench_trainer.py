@@ -3,17 +3,20 @@
     python scripts/bench_trainer.py                       # CUDA: randomly initialised Qwen3-0.6B-shaped model
     python scripts/bench_trainer.py --device cpu --tiny --reps 1 --prompts 2 --n 2 --max-new-tokens 8   # smoke
 
-Both precisions run the *training code path itself* (``trainers.engines.local.LocalTrainer.step``): our
-KV-cache sampler, the chunked log-prob recompute, verl's GRPO advantages and policy loss, AdamW, and the
-weight sync (re-quantization of the NVFP4 weight caches). The model is a random Qwen3 with Qwen3-0.6B's shapes
-(28 layers, hidden 1024, MLP 3072, 16 query / 8 KV heads of 128, vocab 151,669, tied embeddings) in bf16,
-tokenized with the real Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same
-weights (seed). Generation ignores EOS (``--ignore-eos``, default on) so every sequence has the same length
-and the two recipes do the same work. One warm-up step, then ``--reps`` timed steps; medians are reported.
-Each phase is timed with device synchronisation around it (phases last seconds, so event resolution is moot).
+Both precisions run the trainer's own components: our KV-cache sampler (``trainers.rollout.local``), the
+chunked log-prob recompute (``trainers.learner.logprobs``), AdamW with gradient clipping, minite's
+``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
+training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step).
+The loss is a token-mean importance-weighted policy-gradient surrogate on fixed +-1 advantages: its arithmetic
+is negligible next to the forward/backward, and it keeps the benchmark free of verl/Ray, which the GPU
+machine does not have. The model is a random Qwen3 with Qwen3-0.6B's shapes (28 layers, hidden 1024,
+MLP 3072, 16 query / 8 KV heads of 128, vocab 151,669, tied embeddings) in bf16, tokenized with the real
+Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same weights. EOS is ignored so
+both recipes generate the same number of tokens. One warm-up step, then ``--reps`` timed steps; medians are
+reported. Each phase is timed with device synchronisation around it (phases last seconds).
 
-Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step and tokens/s,
-plus ``ratio`` = bf16 time / nvfp4 time (> 1 means NVFP4 is faster) for the step and each phase.
+Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step, tokens/s and
+the sampler-vs-learner mean |gap|, plus ``ratio`` = bf16 seconds / NVFP4 seconds (> 1: NVFP4 faster).
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ import json
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -31,12 +33,78 @@ sys.path.insert(0, str(REPO))
 
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
-PHASES = ("timing/rollout_s", "timing/logprob_s", "timing/update_s", "timing/sync_s", "perf/step_s")
 
 
-def parity_reward(data_source, solution_str, ground_truth, extra_info=None):
-    """Deterministic reward with within-group variance, so the update has non-zero advantages."""
-    return float(len(solution_str) % 2 == 0)
+def _timed(store: dict, key: str, device, fn):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    store[key] = time.perf_counter() - t0
+    return out
+
+
+def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int) -> dict:
+    import torch
+
+    from trainers.learner.batch import collate
+    from trainers.learner.logprobs import response_logprobs
+
+    dev = next(model.parameters()).device
+    t: dict = {}
+    model.eval()
+    comps = _timed(t, "rollout_s", dev, lambda: sampler.generate(prompts, params))
+    b = collate(comps, sampler.pad_id, dev)
+    B, R = b.response_mask.shape
+    g = torch.Generator().manual_seed(seed)
+    adv = (torch.randint(0, 2, (B, 1), generator=g).float() * 2 - 1).to(dev)
+    ntok = b.response_mask.sum()
+
+    def recompute():
+        old = torch.zeros(B, R, device=dev)
+        with torch.no_grad():
+            for s in range(0, B, micro):
+                sub = b.select(torch.arange(s, min(s + micro, B), device=dev))
+                lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                                          prompt_len=sub.prompt_len, with_entropy=False)
+                old[s:s + micro, :lp.shape[1]] = lp
+        return old
+
+    old = _timed(t, "logprob_s", dev, recompute)
+
+    def update():
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        for s in range(0, B, micro):
+            rows = torch.arange(s, min(s + micro, B), device=dev)
+            sub = b.select(rows)
+            r = sub.response_mask.shape[1]
+            lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                                      prompt_len=sub.prompt_len, with_entropy=False)
+            ratio = torch.exp(lp - old[rows, :r])
+            loss = -(adv[rows] * ratio * sub.response_mask).sum() / ntok
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.eval()
+
+    _timed(t, "update_s", dev, update)
+
+    def sync():
+        if patched:  # quantized weight caches are keyed on the parameter version: the next forward re-quantizes
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
+
+    _timed(t, "sync_s", dev, sync)
+    t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))
+    t["response_tokens"] = float(ntok)
+    t["abs_gap_mean"] = float(((old - b.sampler_logp).abs() * b.response_mask).sum() / ntok)
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,54 +124,57 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainers.config import load_config
-    from trainers.engines.local import LocalTrainer
+    from trainers.config import DataConfig
+    from trainers.data import arithmetic_examples, render_prompt
     from trainers.models import tiny_random_qwen3
+    from trainers.rollout.local import LocalSampler, SamplingParams
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
+    dev = torch.device(a.device)
     shapes = {} if a.tiny else QWEN3_06B
     base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype, **shapes)
+    examples = arithmetic_examples(a.prompts, (3,), seed=0)
+    prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
     results: dict[str, dict] = {}
     for recipe in a.recipes.split(","):
-        with tempfile.TemporaryDirectory() as out:
-            cfg = load_config([
-                "recipe=bf16", f"precision={recipe}", f"precision.backend={a.backend}", f"model.device={a.device}",
-                f"model.dtype={a.dtype}", f"trainer.output_dir={out}", f"rollout.prompts_per_step={a.prompts}",
-                f"rollout.n={a.n}", f"rollout.max_new_tokens={a.max_new_tokens}",
-                f"algorithm.micro_batch_size={a.micro_batch}", "logger.progress=false", "logger.wandb.mode=disabled",
-                "reward.fn=__main__:parity_reward", "data.arithmetic.levels=[3]", "optim.lr=1e-6"])
-            model = copy.deepcopy(base)
-            trainer = LocalTrainer(cfg, model_and_tokenizer=(model, tok))
-            trainer.setup()
-            if a.ignore_eos:
-                trainer.sampler.default_stop_ids = ()
-            rows = []
-            for step in range(a.reps + 1):
-                m = trainer.step(step)
-                if step > 0:
-                    rows.append(m)
-            med = {k.split("/")[1]: statistics.median(r[k] for r in rows) for k in PHASES}
-            med["response_tokens"] = statistics.median(r["perf/response_tokens"] for r in rows)
-            med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
-            med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
-            med["abs_gap_mean"] = statistics.median(r["mismatch/abs_gap_mean"] for r in rows)
-            med["precision"] = trainer.precision
-            results[recipe] = med
-            del trainer, model
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        model = copy.deepcopy(base).to(dev)
+        precision: dict = {"recipe": recipe, "patched": False}
+        if recipe != "bf16":
+            from minite_kernels import quantize_model
+
+            rep = quantize_model(model, recipe, backend=a.backend)
+            precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
+                         "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
+        sampler = LocalSampler(model, tok)
+        if a.ignore_eos:
+            sampler.default_stop_ids = ()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        rows = []
+        for step in range(a.reps + 1):
+            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
+            m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
+                         patched=precision["patched"], seed=step)
+            if step > 0:
+                rows.append(m)
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
+        med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
+        med["precision"] = precision
+        results[recipe] = med
+        del model, sampler, opt
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     names = list(results)
-    out = {"bench": "trainer_step", "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+    out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
-           "torch": torch.__version__, "results": results,
+           "micro_batch": a.micro_batch, "torch": torch.__version__, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if len(names) == 2:
         b, q = results[names[0]], results[names[1]]
-        out["ratio"] = {p: b[p] / q[p] if q[p] > 0 else None
-                        for p in ("step_s", "rollout_s", "logprob_s", "update_s")}
+        out["ratio"] = {p: b[p] / q[p] if q[p] > 0 else None for p in ("step_s", "rollout_s", "logprob_s", "update_s")}
         out["ratio_definition"] = f"{names[0]} seconds / {names[1]} seconds (> 1: {names[1]} faster)"
     print(json.dumps(out))
     return 0

@@ -62,7 +62,7 @@ class DataConfig:
     prompt_key: str = "question"
     answer_key: str = "answer"
     system_prompt: str | None = None
-    instruction: str = ""  # appended to every question
+    instruction: str | None = None  # appended to every question (null or empty: none)
     max_prompt_tokens: int = 512
     limit: int | None = None  # use only the first N rows
     shuffle: bool = True

@@ -23,9 +23,3 @@ def tiny_model(qwen3_tokenizer_dir):
 
     return tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
 
-
-def tiny_args(model_dir, out_dir, *extra: str) -> list[str]:
-    """Overrides for a fast CPU run on the tiny model."""
-    return [f"model.path={model_dir}", f"trainer.output_dir={out_dir}", "rollout.prompts_per_step=2",
-            "rollout.n=2", "rollout.max_new_tokens=8", "logger.progress=false", "logger.wandb.mode=disabled",
-            "algorithm.micro_batch_size=2", "data.arithmetic.size=16", *extra]

@@ -305,7 +305,7 @@ def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir
 def test_example_row_has_system_prompt(tmp_path):
     from trainers.data import Example
 
-    cfg = _cfg(tmp_path, "bf16", "data.system_prompt=Be brief.")
+    cfg = _cfg(tmp_path, "bf16", "data.system_prompt=Be brief.", "data.instruction=null")
     row = example_to_row(Example(3, "What is 2 + 2?", "4", "arithmetic", {"level": 1}), cfg.data, "train")
     assert row["prompt"] == [
         {"role": "system", "content": "Be brief."},

@@ -1,0 +1,24 @@
+"""scripts/bench_trainer.py runs the real training step for both recipes and prints one JSON line (CPU smoke)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_trainer.py"
+
+
+def test_bench_trainer_cpu_smoke(capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["results"]) == {"bf16", "nvfp4_per_token_bf16_bwd"}
+    assert out["results"]["nvfp4_per_token_bf16_bwd"]["precision"]["patched"] is True
+    assert out["results"]["bf16"]["response_tokens"] == 2 * 2 * 4  # EOS ignored: every sequence is full length
+    assert out["ratio"]["step_s"] > 0
