@@ -261,10 +261,21 @@ def test_gradient_checkpointing_gives_same_gradients(base_model, ids):
         torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-7, msg=name)
 
 
+# Stated tolerances for the Triton backend against the emulated reference on a whole (tiny) model:
+# - "exact" / "exact_fused" GEMMs use the exact q*s_b operands with FP32 accumulation and the outer scales in
+#   the epilogue (TE's semantics): only the accumulation order differs, so logits agree to cosine > 0.9999.
+# - "dequant" (the default, fastest) multiplies operands dequantized once to BF16 (<= 2^-9 relative per element);
+#   those differences flip a few FP4 codes in the next layer's per-token quantization, which the model amplifies.
+#   Measured on the H200 (2026-11-29): cosine 0.99668 for both W4A4 recipes; the floor below is 0.995.
+_GEMM_MODE_COSINE_FLOOR = {"exact": 0.9999, "dequant": 0.995}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("gemm_mode", sorted(_GEMM_MODE_COSINE_FLOOR))
 @pytest.mark.parametrize("name", ["nvfp4_per_token", "nvfp4_per_token_bf16_bwd", "w4a16_nvfp4"])
-def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name):
+def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name, gemm_mode, monkeypatch):
     # on the H200 "auto" routes NVFP4 GEMMs to the Triton backend; it must agree with the emulated reference
+    monkeypatch.setenv("MINITE_TRITON_GEMM", gemm_mode)
     outs = []
     for backend in ("emulated", "auto"):
         model = copy.deepcopy(base_model).cuda().to(torch.bfloat16)
@@ -272,4 +283,4 @@ def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name):
         out = model(ids.cuda(), labels=ids.cuda())
         out.loss.backward()
         outs.append(out.logits.detach().float())
-    assert cosine(outs[0], outs[1]) > 0.9999
+    assert cosine(outs[0], outs[1]) > _GEMM_MODE_COSINE_FLOOR[gemm_mode]
