@@ -13,8 +13,9 @@ With gap ``delta = old_logp - sampler_logp`` over valid tokens:
     triage/mean_gate_weight         mean g over valid tokens
     tis/clip_frac, tis/weight_mean  share of valid tokens whose TIS weight hit the cap; mean TIS weight
     triage/nonfinite_tokens         tokens dropped for non-finite inputs
-Quantiles use linear interpolation (``torch.quantile`` semantics) through ``torch.kthvalue`` (no input
-size limit). With no valid token every metric is 0.0.
+Quantiles equal ``torch.quantile`` (linear interpolation) without sorting everything or boolean indexing
+(``triage.quantile``). All metrics are stacked into one tensor and read back with one ``.tolist()``.
+With no valid token every metric is 0.0.
 
 Worked example: delta = [-1, 0, 2, -3], A = [+1, +1, -2, -2] per token
     abs_gap_mean = 1.5; gap_mean = -0.5; sum |A| = 6; pos_adv_neg_gap = 1/6, pos_adv_pos_gap = 1/6,
@@ -24,13 +25,12 @@ Worked example: delta = [-1, 0, 2, -3], A = [+1, +1, -2, -2] per token
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.gate import GateResult, compute_gate
 from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
+from triage.quantile import masked_quantile
 from triage.segments import segment_sum
 from triage.tis import SAFETY_BOUND, tis_weights
 
@@ -54,18 +54,8 @@ MISMATCH_KEYS = (
 
 
 def quantile_linear(values: torch.Tensor, q: float) -> torch.Tensor:
-    """``torch.quantile(values, q)`` (linear interpolation) for a 1-D tensor via ``kthvalue``; 0 if empty."""
-    n = values.numel()
-    if n == 0:
-        return values.new_zeros(())
-    pos = q * (n - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    v_lo = torch.kthvalue(values, lo + 1).values
-    if hi == lo:
-        return v_lo
-    v_hi = torch.kthvalue(values, hi + 1).values
-    return v_lo + (pos - lo) * (v_hi - v_lo)
+    """``torch.quantile(values, q)`` (linear interpolation) for a 1-D tensor; 0 if empty."""
+    return masked_quantile(values, torch.ones_like(values, dtype=torch.bool), q)
 
 
 def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -113,7 +103,7 @@ def metric_tensors(
         seg_len = cfg.gate_segment_len
         gated_seg = (segment_sum(gate.gated.float(), seg_len) > 0).sum()
         segf = _safe_div(torch.stack((tail_dense, gated_seg)).float(), n_seg.float())
-        q05 = quantile_linear(delta[valid], 0.05)
+        q05 = masked_quantile(delta, valid, 0.05)
     return {
         "mismatch/abs_gap_mean": tok[0],
         "mismatch/gap_mean": tok[1],

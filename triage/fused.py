@@ -26,6 +26,7 @@ import torch
 from triage.config import TriageConfig
 from triage.gate import segment_weights
 from triage.inputs import as_advantages, as_mask, check_logprob
+from triage.quantile import avoid_host_sync, masked_quantile
 from triage.repair import pseudo_huber
 from triage.segments import segment_count, segment_sum, segment_where
 from triage.tis import SAFETY_BOUND
@@ -96,29 +97,39 @@ def fused_terms(
 def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     metrics: dict[str, torch.Tensor] = {}
     L = cfg.gate_segment_len
-    # non-finite policy: drop tokens whose inputs are NaN/inf. Fast path: three reductions show that
-    # everything is finite (then valid = mask); otherwise build the per-token finite mask. One host sync
-    # also brings the token count that the quantile needs.
-    delta = torch.where(mask, gap, 0.0)
-    sum_d = segment_sum(delta, L)
+    # non-finite policy: drop tokens whose inputs are NaN/inf (the sum of finite log-probs and advantages
+    # is finite). On the CPU, where reading a value back costs nothing, three reductions show that
+    # everything is finite (the common case) and the per-token mask is built only otherwise. Elsewhere
+    # (GPU) the mask is built unconditionally so that the whole pass, metrics included, needs no host
+    # synchronisation until the caller's single ``.tolist()`` (``triage.diagnostics.to_floats``).
     x_raw = lp - old
-    adv_check = adv[..., :1] if adv.stride(-1) == 0 else adv  # [B] advantages broadcast over T
-    finite_total, n_host = torch.stack(
-        (x_raw.sum() + sum_d.sum() + adv_check.sum(), torch.count_nonzero(mask).float())
-    ).tolist()
-    nonfinite = None
-    valid = mask
-    if not math.isfinite(finite_total):
-        chk = x_raw + delta
+    n_host: int | None = None
+    if avoid_host_sync(lp.device):
+        chk = x_raw + gap
         chk += adv
         valid = torch.isfinite(chk).logical_and_(mask)
         del chk
-        delta = torch.where(valid, delta, 0.0)
+        nonfinite = torch.count_nonzero(mask) - torch.count_nonzero(valid)
+        delta = torch.where(valid, gap, 0.0)
         sum_d = segment_sum(delta, L)
-        n_mask = n_host
-        n_host = int(torch.count_nonzero(valid))
-        nonfinite = n_mask - n_host
-    n_host = int(n_host)
+    else:
+        delta = torch.where(mask, gap, 0.0)
+        sum_d = segment_sum(delta, L)
+        adv_check = adv[..., :1] if adv.stride(-1) == 0 else adv  # [B] advantages broadcast over T
+        finite_total, n_mask = torch.stack(
+            (x_raw.sum() + sum_d.sum() + adv_check.sum(), torch.count_nonzero(mask).float())
+        ).tolist()
+        valid, n_host = mask, int(n_mask)
+        nonfinite = torch.zeros((), dtype=torch.int64, device=lp.device)
+        if not math.isfinite(finite_total):
+            chk = x_raw + delta
+            chk += adv
+            valid = torch.isfinite(chk).logical_and_(mask)
+            del chk
+            delta = torch.where(valid, delta, 0.0)
+            sum_d = segment_sum(delta, L)
+            n_host = int(torch.count_nonzero(valid))
+            nonfinite = torch.tensor(int(n_mask) - n_host)
     a = torch.where(valid, adv, 0.0)
 
     # gate statistics (64-token segments); padding and dropped tokens have delta = 0, a = 0
@@ -126,7 +137,7 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     row_tokens = n_seg.sum(-1)
     n_valid = row_tokens.sum()
     nv = n_valid.clamp(min=1)
-    metrics["triage/nonfinite_tokens"] = nv.new_tensor(float(nonfinite or 0), dtype=torch.float32)
+    metrics["triage/nonfinite_tokens"] = nonfinite.float()
     tail = delta < cfg.gate_tail_threshold
     if cfg.gate_tail_threshold >= 0:
         tail &= valid
@@ -138,27 +149,26 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
 
     # TIS weight w = min(exp(clamp(delta)), C); k3 uses expm1 so that small gaps stay exact
     w = None
+    diag: dict[str, torch.Tensor] = {}  # raw sums of the §6 diagnostics, normalised together below
     if cfg.tis or cfg.diagnostics:
         n_all = float(delta.numel())
         dc = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        if cfg.diagnostics:
-            # k3 = mean_valid(exp(dc) - 1 - dc); 0 on invalid tokens
-            metrics["mismatch/k3_kl"] = (torch.expm1(dc) - dc).sum() / nv
+        if cfg.diagnostics:  # k3 = mean_valid(exp(dc) - 1 - dc); 0 on invalid tokens
+            diag["mismatch/k3_kl"] = (torch.expm1(dc) - dc).sum()
         if cfg.tis:
             w = dc.exp_()
             if cfg.diagnostics:
-                clipped = torch.count_nonzero(w >= cfg.tis_cap) - (
+                diag["tis/clip_frac"] = torch.count_nonzero(w >= cfg.tis_cap) - (
                     (n_all - n_valid) if cfg.tis_cap <= 1.0 else 0
                 )
-                metrics["tis/clip_frac"] = clipped / nv
             w.clamp_(max=cfg.tis_cap)
             if cfg.diagnostics:  # invalid tokens carry w = min(1, C)
-                metrics["tis/weight_mean"] = (w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)) / nv
+                diag["tis/weight_mean"] = w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)
         else:
             del dc
-            if cfg.diagnostics:
-                metrics["tis/clip_frac"] = nv * 0.0
-                metrics["tis/weight_mean"] = (n_valid > 0).float()
+            if cfg.diagnostics:  # w = 1: nothing clipped, mean 1 (0 without valid tokens)
+                diag["tis/clip_frac"] = torch.zeros_like(n_valid)
+                diag["tis/weight_mean"] = n_valid
 
     # token weight k = g * w * A (A = 0 where invalid, so k is too)
     if cfg.gate:
@@ -172,8 +182,10 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
         if w is not None:
             kw *= w
         kw *= a
+        gate_stats = (n_cond, gated, gate_sum)
     else:
         gate_sum = row_tokens.float()
+        gate_stats = None
         kw = w.mul_(a) if w is not None else a.clone()
     del w
 
@@ -212,36 +224,9 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     del x_raw
 
     if cfg.diagnostics:
-        metrics["mismatch/abs_gap_mean"] = torch.linalg.vector_norm(delta, ord=1) / nv
-        metrics["mismatch/gap_mean"] = sum_d.sum() / nv
-        negf = neg_gap.float()
-        abs_a = a.abs()
-        s_abs = abs_a.sum()
-        s_a = a.sum()
-        s_abs_neg = torch.dot(abs_a.view(-1), negf.view(-1))
-        s_a_neg = torch.dot(a.view(-1), negf.view(-1))
-        del negf, abs_a
-        den = torch.where(s_abs > 0, s_abs, torch.ones_like(s_abs))
-        metrics["mismatch/share/pos_adv_neg_gap"] = 0.5 * (s_abs_neg + s_a_neg) / den
-        metrics["mismatch/share/pos_adv_pos_gap"] = 0.5 * ((s_abs + s_a) - (s_abs_neg + s_a_neg)) / den
-        metrics["mismatch/share/neg_adv_neg_gap"] = 0.5 * (s_abs_neg - s_a_neg) / den
-        metrics["mismatch/share/neg_adv_pos_gap"] = 0.5 * ((s_abs - s_a) - (s_abs_neg - s_a_neg)) / den
-        nonempty_g = n_seg > 0
-        n_seg_total = nonempty_g.sum().clamp(min=1)
-        metrics["triage/tail_dense_segment_frac"] = (
-            (k >= cfg.gate_tail_k_cap) & nonempty_g
-        ).sum() / n_seg_total
-        if cfg.gate:
-            metrics["triage/gated_segment_frac"] = ((n_cond > 0) & gated).sum() / n_seg_total
-            metrics["triage/gated_token_frac"] = (n_cond * gated).sum() / nv
-            metrics["triage/mean_gate_weight"] = torch.where(n_valid > 0, gate_sum.sum() / nv, 0.0)
-        else:
-            metrics["triage/gated_segment_frac"] = nv * 0.0
-            metrics["triage/gated_token_frac"] = nv * 0.0
-            metrics["triage/mean_gate_weight"] = (n_valid > 0).float()
-        q05 = _q05_masked(delta, valid, n_host)
-        metrics["mismatch/gap_q05"] = q05
-        metrics["mismatch/neg_tail_depth"] = -q05
+        metrics.update(
+            _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cfg, gate_stats)
+        )
 
     return Fused(
         kw,
@@ -259,17 +244,63 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     )
 
 
-def _q05_masked(delta: torch.Tensor, valid: torch.Tensor, n: int, q: float = 0.05) -> torch.Tensor:
-    """``torch.quantile(delta[valid], q)`` (linear) without boolean indexing: the ``hi + 1`` smallest of
-    ``where(valid, delta, +inf)``, then the two largest of those."""
-    if n == 0:
-        return delta.new_zeros(())
-    pos = q * (n - 1)
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    vals = torch.where(valid, delta, float("inf")).view(-1)
-    smallest = torch.topk(vals, hi + 1, largest=False, sorted=False).values
-    top2 = torch.topk(smallest, min(2, hi + 1)).values  # descending
-    v_hi = top2[0]
-    v_lo = top2[1] if hi > lo else v_hi
-    return v_lo + (pos - lo) * (v_hi - v_lo)
+def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cfg, gate_stats):
+    """The §6 metrics (``triage.diagnostics`` defines them) from the fused pass's buffers: the raw sums
+    are stacked into one vector and normalised with a few vector ops, so that a GPU runs a handful of
+    kernels (no per-metric scalar arithmetic) and nothing is read back here."""
+    negf = neg_gap.float()
+    abs_a = a.abs()
+    nonempty = n_seg > 0
+    if gate_stats is not None:
+        n_cond, gated, gate_sum = gate_stats
+        gated_tok = (n_cond * gated).sum()
+        gate_total = gate_sum.sum()
+        gated_seg = ((n_cond > 0) & gated).sum()
+    else:  # g = 1: nothing gated, mean gate weight 1 (0 without valid tokens)
+        gated_tok = gated_seg = torch.zeros_like(nv)
+        gate_total = torch.count_nonzero(valid)
+    s = torch.stack(
+        (
+            torch.linalg.vector_norm(delta, ord=1),
+            sum_d.sum(),
+            diag["mismatch/k3_kl"],
+            gated_tok,
+            gate_total,
+            diag["tis/clip_frac"],
+            diag["tis/weight_mean"],
+            torch.dot(abs_a.view(-1), negf.view(-1)),  # sum |A| [gap < 0]
+            torch.dot(a.view(-1), negf.view(-1)),  # sum A [gap < 0]
+            abs_a.sum(),
+            a.sum(),
+            ((k >= cfg.gate_tail_k_cap) & nonempty).sum(),
+            gated_seg,
+        )
+    )
+    del negf, abs_a
+    tok = (s[:7] / nv).unbind()
+    # quadrants: sum over A > 0 of |A| = (|A| + A) / 2, over A < 0 = (|A| - A) / 2; per gap sign:
+    # [[pos_adv_neg_gap, pos_adv_all], [neg_adv_neg_gap, neg_adv_all]] -> all - neg_gap = pos_gap
+    pm = torch.stack((s[7:11:2] + s[8:11:2], s[7:11:2] - s[8:11:2]))
+    pm[:, 1] -= pm[:, 0]
+    s_abs = s[9]
+    share = (0.5 * pm).view(4) / torch.where(s_abs > 0, s_abs, torch.ones_like(s_abs))
+    share = share.unbind()
+    seg = (s[11:13] / nonempty.sum().clamp(min=1)).unbind()
+    q05 = masked_quantile(delta, valid, 0.05, n=n_host, sync_free=n_host is None)
+    return {
+        "mismatch/abs_gap_mean": tok[0],
+        "mismatch/gap_mean": tok[1],
+        "mismatch/gap_q05": q05,
+        "mismatch/neg_tail_depth": -q05,
+        "mismatch/k3_kl": tok[2],
+        "mismatch/share/pos_adv_neg_gap": share[0],
+        "mismatch/share/pos_adv_pos_gap": share[1],
+        "mismatch/share/neg_adv_neg_gap": share[2],
+        "mismatch/share/neg_adv_pos_gap": share[3],
+        "triage/tail_dense_segment_frac": seg[0],
+        "triage/gated_segment_frac": seg[1],
+        "triage/gated_token_frac": tok[3],
+        "triage/mean_gate_weight": tok[4],
+        "tis/clip_frac": tok[5],
+        "tis/weight_mean": tok[6],
+    }

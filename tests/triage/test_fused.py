@@ -80,3 +80,125 @@ def test_fused_matches_reference_nonfinite_and_bf16():
 )
 def test_property_fused_matches_reference(seed, b, t, scale, adv_2d, ci):
     compare(CONFIGS[ci], *inputs(seed, b, t, scale, adv_2d))
+
+
+# --- the GPU path (no host read-back until the final .tolist()), exercised on the CPU ---------------------
+
+
+def _run(cfg, logp0, old, sampler, adv, mask):
+    lg = logp0.clone().requires_grad_()
+    loss, metrics = triage_policy_loss(lg, old, sampler, adv, mask, cfg)
+    loss.backward()
+    return loss.detach(), lg.grad, metrics
+
+
+@pytest.fixture
+def force_sync_free(monkeypatch):
+    import triage.fused
+    import triage.quantile
+
+    monkeypatch.setattr(triage.fused, "avoid_host_sync", lambda device: True)
+    monkeypatch.setattr(triage.quantile, "avoid_host_sync", lambda device: True)
+
+
+def _all_masked():
+    logp, old, sampler, adv, mask = inputs(4, 3, 70)
+    return logp, old, sampler, adv, torch.zeros_like(mask)
+
+
+CASES = [
+    lambda: inputs(0, 7, 301),
+    lambda: inputs(0, 7, 301, adv_2d=True),
+    lambda: inputs(1, 5, 200, nonfinite=True),
+    lambda: inputs(2, 4, 256, dtype=torch.bfloat16),
+    _all_masked,
+]
+
+
+@pytest.mark.parametrize("ci", range(len(CASES)))
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_sync_free_path_equals_host_path_exactly(cfg, ci, monkeypatch):
+    host = _run(cfg, *CASES[ci]())
+    import triage.fused
+    import triage.quantile
+
+    monkeypatch.setattr(triage.fused, "avoid_host_sync", lambda device: True)
+    monkeypatch.setattr(triage.quantile, "avoid_host_sync", lambda device: True)
+    free = _run(cfg, *CASES[ci]())
+    assert torch.equal(host[0], free[0]) and torch.equal(host[1], free[1])
+    assert host[2] == free[2]  # every metric, exactly
+
+
+class ReadBackCounter:
+    """Counts every Python-level way a tensor value reaches the host (each is a GPU sync on CUDA)."""
+
+    NAMES = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy")
+
+    def __init__(self, monkeypatch):
+        self.calls: list[str] = []
+        for name in self.NAMES:
+            orig = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(name, orig))
+        for name in ("nonzero", "masked_select", "unique"):
+            monkeypatch.setattr(torch, name, self._wrap(f"torch.{name}", getattr(torch, name)))
+        getitem = torch.Tensor.__getitem__
+
+        def checked_getitem(t, idx):
+            parts = idx if isinstance(idx, tuple) else (idx,)
+            if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+                self.calls.append("bool-mask indexing")
+            return getitem(t, idx)
+
+        monkeypatch.setattr(torch.Tensor, "__getitem__", checked_getitem)
+
+    def _wrap(self, name, orig):
+        def f(*args, **kwargs):
+            self.calls.append(name)
+            return orig(*args, **kwargs)
+
+        return f
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize(
+    "cfg", [TriageConfig(), TriageConfig(gate=False, tis=False), TriageConfig(diagnostics=False)]
+)
+def test_one_host_read_back_per_call(cfg, nonfinite, force_sync_free, monkeypatch):
+    logp0, old, sampler, adv, mask = inputs(5, 6, 333, nonfinite=nonfinite)
+    lg = logp0.clone().requires_grad_()
+    counter = ReadBackCounter(monkeypatch)
+    loss, metrics = triage_policy_loss(lg, old, sampler, adv, mask, cfg)
+    loss.backward()
+    calls = list(counter.calls)
+    monkeypatch.undo()
+    assert calls == ["tolist"], calls
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_read_back_counter_sees_the_cpu_path_reads(monkeypatch):
+    # the CPU path reads the finiteness check and the token count back mid-pass: the counter must see it
+    logp0, old, sampler, adv, mask = inputs(5, 6, 333, nonfinite=True)
+    counter = ReadBackCounter(monkeypatch)
+    triage_policy_loss(logp0.clone().requires_grad_(), old, sampler, adv, mask)
+    calls = list(counter.calls)
+    monkeypatch.undo()
+    # finiteness check + count, the count of finite tokens (slow path), the final metrics
+    assert calls == ["tolist", "__int__", "tolist"], calls
+
+
+def test_mismatch_metrics_one_host_read_back(force_sync_free, monkeypatch):
+    from triage import mismatch_metrics
+
+    _, old, sampler, adv, mask = inputs(6, 4, 129, nonfinite=True)
+    delta = old - sampler
+    free = mismatch_metrics(delta, adv, mask)
+    monkeypatch.undo()
+    assert free == mismatch_metrics(delta, adv, mask)  # CPU path (count read on the host): same floats
+    import triage.quantile
+
+    monkeypatch.setattr(triage.quantile, "avoid_host_sync", lambda device: True)
+    counter = ReadBackCounter(monkeypatch)
+    mismatch_metrics(delta, adv, mask)
+    calls = list(counter.calls)
+    monkeypatch.undo()
+    assert calls == ["tolist"], calls

@@ -48,3 +48,46 @@ def test_cuda_mismatch_metrics_match_cpu():
     ref = mismatch_metrics(delta.cpu(), adv.cpu(), mask.cpu(), TriageConfig())
     for k, v in ref.items():
         assert got[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+
+
+def _sync_warnings(fn):
+    """Run ``fn`` with CUDA sync debugging on; return the synchronising calls it made (one warning each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return out, [w for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.parametrize("cfg", [TriageConfig(), TriageConfig(diagnostics=False)])
+def test_cuda_loss_synchronises_once(cfg):
+    # every metric is stacked on the device and read back with one .tolist(): exactly one host sync
+    logp, old, sampler, adv, mask = _inputs("cuda", torch.float32, b=8, t=4096, seed=2)
+    lg = logp.clone().requires_grad_()
+    triage_policy_loss(lg, old, sampler, adv, mask, cfg)  # warm-up (allocator, lazy init)
+    (_loss, metrics), syncs = _sync_warnings(lambda: triage_policy_loss(lg, old, sampler, adv, mask, cfg))
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_cuda_masked_quantile_equals_torch_quantile():
+    from triage.quantile import masked_quantile
+
+    g = torch.Generator().manual_seed(4)
+    for b, t, keep in ((1, 1, 1.0), (3, 77, 0.5), (64, 8192, 0.75), (16, 1000, 0.01)):
+        x = (3 * torch.randn(b, t, generator=g)).cuda()
+        m = (torch.rand(b, t, generator=g) < keep).cuda()
+        if not m.any():
+            continue
+        for q in (0.0, 0.05, 0.37, 1.0):
+            want = torch.quantile(x[m], q)
+            (got, syncs) = _sync_warnings(lambda x=x, m=m, q=q: masked_quantile(x, m, q))
+            assert syncs == [], [str(w.message) for w in syncs]
+            assert torch.equal(got, want), (b, t, keep, q)
+            assert torch.equal(masked_quantile(x, m, q, sync_free=False), want)
