@@ -15,8 +15,8 @@ def bundled_path(task: Task) -> pathlib.Path:
     return BUNDLED_DIR / task.name / "test.jsonl"
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    rows = []
+def iter_jsonl(path: str | os.PathLike):
+    """Yield ``(line_number, row)`` for every non-blank line; a bad line raises naming ``path:line``."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -27,8 +27,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")  # noqa: TRY004
-            rows.append(row)
-    return rows
+            yield lineno, row
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    return [row for _, row in iter_jsonl(path)]
 
 
 def _from_hub(task: Task, spec: str) -> list[dict]:

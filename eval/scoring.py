@@ -7,10 +7,9 @@ text of the data file, or the exact templated prompt ``eval run`` sends), plus `
 """
 from __future__ import annotations
 
-import json
 import os
 
-from eval.data import load_rows
+from eval.data import iter_jsonl, load_rows
 from eval.task import Example, SampleScore, Task
 
 
@@ -25,42 +24,33 @@ def read_predictions(path: str | os.PathLike, examples: list[Example]) -> list[t
         by_text.setdefault(ex.prompt, ex)
     out = []
     path = str(path)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _row_error(path, lineno, f"not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise _row_error(path, lineno, f"expected a JSON object, got {type(row).__name__}")
-            if "index" in row:
-                idx = row["index"]
-                if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(examples):
-                    raise _row_error(path, lineno, f"'index' must be an integer in [0, {len(examples)}), "
-                                                   f"got {idx!r}")
-                ex = examples[idx]
-            elif "prompt" in row:
-                if not isinstance(row["prompt"], str) or row["prompt"] not in by_text:
-                    raise _row_error(path, lineno, "'prompt' does not match any prompt of the task's data "
-                                                   "exactly (use 'index' for the 0-based row instead)")
-                ex = by_text[row["prompt"]]
-            else:
-                raise _row_error(path, lineno, "row needs 'index' (0-based data row) or 'prompt' (exact text); "
-                                               f"keys present: {sorted(row)}")
-            if "responses" in row:
-                responses = row["responses"]
-                if not isinstance(responses, list) or not responses or not all(isinstance(r, str) for r in responses):
-                    raise _row_error(path, lineno, "'responses' must be a non-empty list of strings")
-            elif "response" in row:
-                if not isinstance(row["response"], str):
-                    raise _row_error(path, lineno, f"'response' must be a string, got {type(row['response']).__name__}")
-                responses = [row["response"]]
-            else:
-                raise _row_error(path, lineno, "row needs 'response' (string) or 'responses' (list of strings); "
-                                               f"keys present: {sorted(row)}")
-            out.append((ex, responses))
+    for lineno, row in iter_jsonl(path):
+        if "index" in row:
+            idx = row["index"]
+            if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(examples):
+                raise _row_error(path, lineno, f"'index' must be an integer in [0, {len(examples)}), "
+                                               f"got {idx!r}")
+            ex = examples[idx]
+        elif "prompt" in row:
+            if not isinstance(row["prompt"], str) or row["prompt"] not in by_text:
+                raise _row_error(path, lineno, "'prompt' does not match any prompt of the task's data "
+                                               "exactly (use 'index' for the 0-based row instead)")
+            ex = by_text[row["prompt"]]
+        else:
+            raise _row_error(path, lineno, "row needs 'index' (0-based data row) or 'prompt' (exact text); "
+                                           f"keys present: {sorted(row)}")
+        if "responses" in row:
+            responses = row["responses"]
+            if not isinstance(responses, list) or not responses or not all(isinstance(r, str) for r in responses):
+                raise _row_error(path, lineno, "'responses' must be a non-empty list of strings")
+        elif "response" in row:
+            if not isinstance(row["response"], str):
+                raise _row_error(path, lineno, f"'response' must be a string, got {type(row['response']).__name__}")
+            responses = [row["response"]]
+        else:
+            raise _row_error(path, lineno, "row needs 'response' (string) or 'responses' (list of strings); "
+                                           f"keys present: {sorted(row)}")
+        out.append((ex, responses))
     if not out:
         raise ValueError(f"{path}: no prediction rows")
     return out

@@ -124,12 +124,17 @@ def metric_tensors(
 
 
 def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
-    """One host sync for all metrics."""
+    """All metrics to floats with one host read-back (one GPU sync): one stack, one ``.tolist()``."""
     if not metrics:
         return {}
-    keys = list(metrics)
-    values = torch.stack([metrics[k].detach().float().reshape(()) for k in keys]).tolist()
-    return dict(zip(keys, values))
+    vals = []
+    for v in metrics.values():
+        if v.requires_grad:
+            v = v.detach()
+        if v.dtype != torch.float32:
+            v = v.float()
+        vals.append(v if v.dim() == 0 else v.reshape(()))
+    return dict(zip(metrics, torch.stack(vals).tolist()))
 
 
 def mismatch_metrics(

@@ -286,7 +286,9 @@ def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cf
     share = (0.5 * pm).view(4) / torch.where(s_abs > 0, s_abs, torch.ones_like(s_abs))
     share = share.unbind()
     seg = (s[11:13] / nonempty.sum().clamp(min=1)).unbind()
-    q05 = masked_quantile(delta, valid, 0.05, n=n_host, sync_free=n_host is None)
+    n = nv if n_host is None else n_host  # nv = max(n, 1) is safe: the sync-free path reads no rank when
+    # nothing is valid (all +inf, result masked to 0)
+    q05 = masked_quantile(delta, valid, 0.05, n=n, sync_free=n_host is None)
     return {
         "mismatch/abs_gap_mean": tok[0],
         "mismatch/gap_mean": tok[1],

@@ -54,14 +54,15 @@ def masked_quantile(
     valid: torch.Tensor,
     q: float,
     *,
-    n: int | None = None,
+    n: int | torch.Tensor | None = None,
     sync_free: bool | None = None,
 ) -> torch.Tensor:
     """0-dim tensor ``torch.quantile(values[valid].float(), q)`` (linear); 0.0 when nothing is valid.
 
-    ``values``/``valid`` share any shape; ``values`` must be finite where ``valid``. ``n`` is the number of
-    valid entries if the caller already holds it on the host. ``sync_free`` (default: on for every device
-    but the CPU) selects the path that never reads a device value back to the host.
+    ``values``/``valid`` share any shape; ``values`` must be finite where ``valid``. ``n``: the number of
+    valid entries if the caller already has it (a host ``int``, or a 0-dim integer tensor for the
+    sync-free path). ``sync_free`` (default: on for every device but the CPU) selects the path that never
+    reads a device value back to the host.
     """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile q must be in [0, 1], got {q}")
@@ -76,9 +77,9 @@ def masked_quantile(
     numel = x.numel()
     if numel == 0:
         return x.new_zeros(())
-    filled = x.masked_fill(~ok, math.inf)
+    filled = torch.where(ok, x, math.inf)
     if sync_free:
-        n_t = torch.count_nonzero(ok)
+        n_t = n if isinstance(n, torch.Tensor) else torch.count_nonzero(ok)
         rank = (n_t - 1).clamp_(min=0).float() * q  # fp32 product, as torch.quantile
         lo = rank.long()
         w = rank - lo
@@ -89,8 +90,8 @@ def masked_quantile(
         v_hi = smallest.index_select(0, hi.view(1))
         out = torch.lerp(v_lo, v_hi, w.view(1)).view(())
         return torch.where(n_t > 0, out, 0.0)
-    if n is None:
-        n = int(torch.count_nonzero(ok))
+    if n is None or isinstance(n, torch.Tensor):
+        n = int(n if n is not None else torch.count_nonzero(ok))
     if n == 0:
         return x.new_zeros(())
     rank = _rank_fp32(q, n - 1)
