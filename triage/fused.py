@@ -12,7 +12,13 @@ function of per-segment sums of ``logp`` (repair), so ``dL/dlogp`` has a closed 
 
 The gradient is stored and :class:`AttachGrad` returns it in backward (one multiply), instead of
 autograd replaying ~20 elementwise ops. Segment statistics reuse the same buffers; the §6 diagnostics
-are derived from them with a handful of reductions. ``triage.reference`` is the plain-autograd
+are derived from them with a handful of reductions, stacked into one vector and normalised together.
+
+Host synchronisation: on a GPU the pass reads nothing back (no ``.item()``, no boolean indexing, the
+non-finite mask is built unconditionally and the gap quantile is taken with a device-side count,
+``triage.quantile``); the caller's one ``.tolist()`` of all metrics is the only sync per call. On the
+CPU, where a read-back is free, a finiteness check and the token count are read mid-pass to skip work.
+Both paths give identical results (tested). ``triage.reference`` is the plain-autograd
 definition; tests check both agree (values, gradients, metrics).
 """
 
@@ -225,7 +231,7 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
 
     if cfg.diagnostics:
         metrics.update(
-            _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cfg, gate_stats)
+            _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, n_valid, n_host, valid, cfg, gate_stats)
         )
 
     return Fused(
@@ -244,7 +250,7 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
     )
 
 
-def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cfg, gate_stats):
+def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, n_valid, n_host, valid, cfg, gate_stats):
     """The §6 metrics (``triage.diagnostics`` defines them) from the fused pass's buffers: the raw sums
     are stacked into one vector and normalised with a few vector ops, so that a GPU runs a handful of
     kernels (no per-metric scalar arithmetic) and nothing is read back here."""
@@ -257,8 +263,8 @@ def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cf
         gate_total = gate_sum.sum()
         gated_seg = ((n_cond > 0) & gated).sum()
     else:  # g = 1: nothing gated, mean gate weight 1 (0 without valid tokens)
-        gated_tok = gated_seg = torch.zeros_like(nv)
-        gate_total = torch.count_nonzero(valid)
+        gated_tok = gated_seg = torch.zeros_like(n_valid)
+        gate_total = n_valid
     s = torch.stack(
         (
             torch.linalg.vector_norm(delta, ord=1),
@@ -277,7 +283,7 @@ def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cf
         )
     )
     del negf, abs_a
-    tok = (s[:7] / nv).unbind()
+    tok = (s[:7] / n_valid.clamp(min=1)).unbind()
     # quadrants: sum over A > 0 of |A| = (|A| + A) / 2, over A < 0 = (|A| - A) / 2; per gap sign:
     # [[pos_adv_neg_gap, pos_adv_all], [neg_adv_neg_gap, neg_adv_all]] -> all - neg_gap = pos_gap
     pm = torch.stack((s[7:11:2] + s[8:11:2], s[7:11:2] - s[8:11:2]))
@@ -286,8 +292,7 @@ def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, nv, n_host, valid, cf
     share = (0.5 * pm).view(4) / torch.where(s_abs > 0, s_abs, torch.ones_like(s_abs))
     share = share.unbind()
     seg = (s[11:13] / nonempty.sum().clamp(min=1)).unbind()
-    n = nv if n_host is None else n_host  # nv = max(n, 1) is safe: the sync-free path reads no rank when
-    # nothing is valid (all +inf, result masked to 0)
+    n = n_valid if n_host is None else n_host
     q05 = masked_quantile(delta, valid, 0.05, n=n, sync_free=n_host is None)
     return {
         "mismatch/abs_gap_mean": tok[0],

@@ -236,11 +236,13 @@ def compute_policy_loss_triage(
                 )
             num_tokens = f.valid.sum()
         with torch.no_grad():
-            seg_equiv = (
-                torch.as_tensor(num_tokens, dtype=torch.float32, device=log_prob.device)
-                / cfg.repair_segment_len
-            )
-            scale = (cfg.repair_coef * dp_size) / seg_equiv.clamp(min=1e-30)
+            if isinstance(num_tokens, torch.Tensor):
+                seg_equiv = (
+                    num_tokens.to(device=log_prob.device, dtype=torch.float32) / cfg.repair_segment_len
+                )
+                scale = (cfg.repair_coef * dp_size) / seg_equiv.clamp(min=1e-30)
+            else:  # a host number: no host-to-device copy (a stream sync on CUDA)
+                scale = (cfg.repair_coef * dp_size) / max(float(num_tokens) / cfg.repair_segment_len, 1e-30)
             rep_grad = f.repair_grad(scale, cfg.repair_segment_len)
             nseg = f.num_segments.clamp(min=1)
             metrics["triage/repair_loss"] = cfg.repair_coef * f.phi_sum / nseg

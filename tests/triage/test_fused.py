@@ -92,15 +92,6 @@ def _run(cfg, logp0, old, sampler, adv, mask):
     return loss.detach(), lg.grad, metrics
 
 
-@pytest.fixture
-def force_sync_free(monkeypatch):
-    import triage.fused
-    import triage.quantile
-
-    monkeypatch.setattr(triage.fused, "avoid_host_sync", lambda device: True)
-    monkeypatch.setattr(triage.quantile, "avoid_host_sync", lambda device: True)
-
-
 def _all_masked():
     logp, old, sampler, adv, mask = inputs(4, 3, 70)
     return logp, old, sampler, adv, torch.zeros_like(mask)
@@ -129,44 +120,14 @@ def test_sync_free_path_equals_host_path_exactly(cfg, ci, monkeypatch):
     assert host[2] == free[2]  # every metric, exactly
 
 
-class ReadBackCounter:
-    """Counts every Python-level way a tensor value reaches the host (each is a GPU sync on CUDA)."""
-
-    NAMES = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy")
-
-    def __init__(self, monkeypatch):
-        self.calls: list[str] = []
-        for name in self.NAMES:
-            orig = getattr(torch.Tensor, name)
-            monkeypatch.setattr(torch.Tensor, name, self._wrap(name, orig))
-        for name in ("nonzero", "masked_select", "unique"):
-            monkeypatch.setattr(torch, name, self._wrap(f"torch.{name}", getattr(torch, name)))
-        getitem = torch.Tensor.__getitem__
-
-        def checked_getitem(t, idx):
-            parts = idx if isinstance(idx, tuple) else (idx,)
-            if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
-                self.calls.append("bool-mask indexing")
-            return getitem(t, idx)
-
-        monkeypatch.setattr(torch.Tensor, "__getitem__", checked_getitem)
-
-    def _wrap(self, name, orig):
-        def f(*args, **kwargs):
-            self.calls.append(name)
-            return orig(*args, **kwargs)
-
-        return f
-
-
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize(
     "cfg", [TriageConfig(), TriageConfig(gate=False, tis=False), TriageConfig(diagnostics=False)]
 )
-def test_one_host_read_back_per_call(cfg, nonfinite, force_sync_free, monkeypatch):
+def test_one_host_read_back_per_call(cfg, nonfinite, force_sync_free, read_backs, monkeypatch):
     logp0, old, sampler, adv, mask = inputs(5, 6, 333, nonfinite=nonfinite)
     lg = logp0.clone().requires_grad_()
-    counter = ReadBackCounter(monkeypatch)
+    counter = read_backs()
     loss, metrics = triage_policy_loss(lg, old, sampler, adv, mask, cfg)
     loss.backward()
     calls = list(counter.calls)
@@ -175,10 +136,10 @@ def test_one_host_read_back_per_call(cfg, nonfinite, force_sync_free, monkeypatc
     assert all(isinstance(v, float) for v in metrics.values())
 
 
-def test_read_back_counter_sees_the_cpu_path_reads(monkeypatch):
+def test_read_back_counter_sees_the_cpu_path_reads(read_backs, monkeypatch):
     # the CPU path reads the finiteness check and the token count back mid-pass: the counter must see it
     logp0, old, sampler, adv, mask = inputs(5, 6, 333, nonfinite=True)
-    counter = ReadBackCounter(monkeypatch)
+    counter = read_backs()
     triage_policy_loss(logp0.clone().requires_grad_(), old, sampler, adv, mask)
     calls = list(counter.calls)
     monkeypatch.undo()
@@ -186,7 +147,7 @@ def test_read_back_counter_sees_the_cpu_path_reads(monkeypatch):
     assert calls == ["tolist", "__int__", "tolist"], calls
 
 
-def test_mismatch_metrics_one_host_read_back(force_sync_free, monkeypatch):
+def test_mismatch_metrics_one_host_read_back(force_sync_free, read_backs, monkeypatch):
     from triage import mismatch_metrics
 
     _, old, sampler, adv, mask = inputs(6, 4, 129, nonfinite=True)
@@ -197,7 +158,7 @@ def test_mismatch_metrics_one_host_read_back(force_sync_free, monkeypatch):
     import triage.quantile
 
     monkeypatch.setattr(triage.quantile, "avoid_host_sync", lambda device: True)
-    counter = ReadBackCounter(monkeypatch)
+    counter = read_backs()
     mismatch_metrics(delta, adv, mask)
     calls = list(counter.calls)
     monkeypatch.undo()

@@ -358,3 +358,29 @@ def test_through_verl_ppo_loss_with_a_tensordict():
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(lp.grad, direct.grad)
     assert lp.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("num_tokens", [None, 2000, "tensor"])
+def test_verl_loss_reads_back_once_on_the_gpu_path(num_tokens, force_sync_free, read_backs, monkeypatch):
+    # what a GPU trainer runs: no host read-back before the single metrics .tolist() (agg_loss included);
+    # a host batch_num_tokens must not be copied to the device (that copy waits for the stream on CUDA)
+    logp, old, sampler, adv, mask = batch(7, b=4, t=200)
+    cfg = actor_config("token-mean")
+    if num_tokens is not None:
+        n = mask.sum() if num_tokens == "tensor" else num_tokens
+        cfg.global_batch_info.update(
+            dp_size=1, batch_num_tokens=n, global_batch_size=4, loss_scale_factor=None
+        )
+    weights = tv.make_rollout_is_weights(old, sampler, mask)
+    lg = logp.clone().requires_grad_()
+    as_tensor = torch.as_tensor
+    copies = []
+    monkeypatch.setattr(torch, "as_tensor", lambda *a, **k: copies.append(a) or as_tensor(*a, **k))
+    counter = read_backs()
+    loss, metrics = call(cfg, lg, old, sampler, adv, mask, weights)
+    loss.backward()
+    calls = list(counter.calls)
+    monkeypatch.undo()
+    assert calls == ["tolist"], calls
+    assert copies == []
+    assert "triage/repair_loss" in metrics and math.isfinite(loss.item())
