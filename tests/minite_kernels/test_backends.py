@@ -274,3 +274,26 @@ def test_te_quantizer_arguments_follow_the_recipe():
         B.plan_recipe(get_qlinear_params("w4a16_nvfp4", env={}), "auto", "cpu")[0]["te_quantizer"]["a"]
         is None
     )
+
+
+def test_emulated_weight_dequant_memo_is_exact_and_per_object():
+    # The emulated backend memoises the FP32 values of a (cached) B operand on CPU; results must be bit-identical
+    # to a fresh dequantize, and a re-quantized weight (new object) must never see the old memo.
+    from minite_kernels.backends import get_backend
+    from minite_kernels.recipes import get_qlinear_params
+
+    r = get_qlinear_params("nvfp4_per_token_bf16_bwd")
+    be = get_backend("emulated")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 64, generator=g), torch.randn(32, 64, generator=g)
+    qw = be.quantize(w, r.fprop.b)
+    fresh = be.qgemm_nt(x, w, r.fprop.a, r.fprop.b, out_dtype=torch.float32)
+    first = be.qgemm_nt(x, None, r.fprop.a, r.fprop.b, out_dtype=torch.float32, b_quantized=qw)
+    again = be.qgemm_nt(x, None, r.fprop.a, r.fprop.b, out_dtype=torch.float32, b_quantized=qw)
+    assert torch.equal(fresh, first) and torch.equal(first, again)
+    assert torch.equal(qw._emulated_fp32, qw.dequantize(torch.float32))
+    w2 = w * 2  # "after an optimizer step": a new quantized object
+    qw2 = be.quantize(w2, r.fprop.b)
+    assert not hasattr(qw2, "_emulated_fp32")
+    out2 = be.qgemm_nt(x, None, r.fprop.a, r.fprop.b, out_dtype=torch.float32, b_quantized=qw2)
+    assert torch.equal(out2, be.qgemm_nt(x, w2, r.fprop.a, r.fprop.b, out_dtype=torch.float32))
