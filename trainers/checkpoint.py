@@ -5,7 +5,7 @@ Layout of ``<output_dir>/checkpoints/``::
     step_000010/   config.json, model.safetensors, tokenizer files, optimizer.pt, rng.pt, trainer_state.json
     latest         text file naming the newest complete checkpoint dir
 
-A checkpoint is assembled in ``step_000010.tmp-XXXX`` and renamed into place (``os.replace``) only when every
+A checkpoint is assembled in ``step_000010.tmp-<random>`` and renamed into place (``os.replace``) only when every
 file is written, and ``latest`` is replaced the same way, so a crash at any moment leaves the previous
 checkpoint usable. ``step_000010/`` loads with ``AutoModelForCausalLM.from_pretrained``.
 """

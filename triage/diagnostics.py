@@ -104,6 +104,12 @@ def metric_tensors(
         gated_seg = (segment_sum(gate.gated.float(), seg_len) > 0).sum()
         segf = _safe_div(torch.stack((tail_dense, gated_seg)).float(), n_seg.float())
         q05 = masked_quantile(delta, valid, 0.05)
+    return named_diagnostics(tok, share, segf, q05)
+
+
+def named_diagnostics(tok, share, seg, q05) -> dict[str, torch.Tensor]:
+    """The §6 keys, from the token means ``tok`` (abs gap, gap, k3, gated frac, gate weight, TIS clip frac,
+    TIS weight), the four quadrant shares, the two segment fractions and the 5% quantile of the gap."""
     return {
         "mismatch/abs_gap_mean": tok[0],
         "mismatch/gap_mean": tok[1],
@@ -114,8 +120,8 @@ def metric_tensors(
         "mismatch/share/pos_adv_pos_gap": share[1],
         "mismatch/share/neg_adv_neg_gap": share[2],
         "mismatch/share/neg_adv_pos_gap": share[3],
-        "triage/tail_dense_segment_frac": segf[0],
-        "triage/gated_segment_frac": segf[1],
+        "triage/tail_dense_segment_frac": seg[0],
+        "triage/gated_segment_frac": seg[1],
         "triage/gated_token_frac": tok[3],
         "triage/mean_gate_weight": tok[4],
         "tis/clip_frac": tok[5],

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from triage.config import TriageConfig
+from triage.diagnostics import named_diagnostics
 from triage.gate import segment_weights
 from triage.inputs import as_advantages, as_mask, check_logprob
 from triage.quantile import avoid_host_sync, masked_quantile
@@ -294,20 +295,4 @@ def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, n_valid, n_host, vali
     seg = (s[11:13] / nonempty.sum().clamp(min=1)).unbind()
     n = n_valid if n_host is None else n_host
     q05 = masked_quantile(delta, valid, 0.05, n=n, sync_free=n_host is None)
-    return {
-        "mismatch/abs_gap_mean": tok[0],
-        "mismatch/gap_mean": tok[1],
-        "mismatch/gap_q05": q05,
-        "mismatch/neg_tail_depth": -q05,
-        "mismatch/k3_kl": tok[2],
-        "mismatch/share/pos_adv_neg_gap": share[0],
-        "mismatch/share/pos_adv_pos_gap": share[1],
-        "mismatch/share/neg_adv_neg_gap": share[2],
-        "mismatch/share/neg_adv_pos_gap": share[3],
-        "triage/tail_dense_segment_frac": seg[0],
-        "triage/gated_segment_frac": seg[1],
-        "triage/gated_token_frac": tok[3],
-        "triage/mean_gate_weight": tok[4],
-        "tis/clip_frac": tok[5],
-        "tis/weight_mean": tok[6],
-    }
+    return named_diagnostics(tok, share, seg, q05)
