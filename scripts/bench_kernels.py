@@ -379,6 +379,7 @@ def bench_linear(args):
 @section("decode")
 def bench_decode(args):
     from minite_kernels.backends.triton import decode_linear, quantize_nvfp4_triton
+    from minite_kernels.backends.triton.decode import permute_for_decode
 
     totals: dict[tuple, float] = {}
     for name, n, k in layer_shapes(QWEN3_4B):
@@ -394,27 +395,36 @@ def bench_decode(args):
             _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(
                 x, per_token=True, write_packed=False, write_qs=True
             )
+            xp = permute_for_decode(xqs)
             ours()  # compile + allocate the split-K workspace outside graph capture
+            for impl in ("v1", "v2"):
+                decode_linear(xqs, xa, wd, ws, wa, impl=impl)
+            decode_linear(xp, xa, wd, ws, wa, x_perm=True)
             torch.cuda.synchronize()
             t_b = bench(lambda: F.linear(x, w), graph=True)
             t_o = bench(ours, graph=True)
             t_g = bench(lambda: decode_linear(xqs, xa, wd, ws, wa), graph=True)
-            t_b_ev = bench(lambda: F.linear(x, w))
-            t_o_ev = bench(ours)
+            t_v1 = bench(lambda: decode_linear(xqs, xa, wd, ws, wa, impl="v1"), graph=True)
+            t_xp = bench(lambda: decode_linear(xp, xa, wd, ws, wa, x_perm=True), graph=True)
+            t_q = bench(
+                lambda: quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True), graph=True
+            )
             sweep = {}
             if args.decode_sweep:
-                cfgs = {
-                    1: ((16, 32), (8, 64), (16, 64), (32, 32), (8, 32)),
-                    4: ((8, 32), (16, 32), (4, 64), (8, 64)),
-                }
-                for bn_, bkw_ in cfgs.get(b, ((64, 32), (32, 32), (64, 16), (128, 16))):
-                    try:
-                        decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_)
-                        sweep[f"{bn_}x{bkw_}"] = 1e3 * bench(
-                            lambda: decode_linear(xqs, xa, wd, ws, wa, block_n=bn_, block_kw=bkw_), graph=True
-                        )
-                    except Exception as e:  # a config that does not compile is reported, not fatal
-                        sweep[f"{bn_}x{bkw_}"] = f"{type(e).__name__}"
+                if b <= 4:
+                    cfgs = ((8, 64, 4), (16, 64, 4), (16, 32, 4), (32, 32, 4), (16, 128, 8), (32, 64, 8))
+                else:
+                    cfgs = ((64, 16, 4), (64, 32, 4), (128, 32, 4), (128, 16, 8), (64, 64, 4), (32, 32, 4))
+                for bn_, bkw_, nw_ in cfgs:
+                    for perm in (False, True) if b > 4 else (False,):
+                        key = f"{bn_}x{bkw_}w{nw_}" + ("p" if perm else "")
+                        xin = xp if perm else xqs
+                        kw_ = dict(block_n=bn_, block_kw=bkw_, num_warps=nw_, x_perm=perm)
+                        try:
+                            decode_linear(xin, xa, wd, ws, wa, **kw_)
+                            sweep[key] = 1e3 * bench(lambda: decode_linear(xin, xa, wd, ws, wa, **kw_), graph=True)
+                        except Exception as e:  # a config that does not compile is reported, not fatal
+                            sweep[key] = f"{type(e).__name__}"
             wbytes_bf16 = 2 * n * k
             wbytes_fp4 = n * k // 2 + n * k // 16
             emit(
@@ -426,20 +436,21 @@ def bench_decode(args):
                     "K": k,
                     "bf16_us": 1e3 * t_b,
                     "ours_us": 1e3 * t_o,
-                    "ours_gemv_only_us": 1e3 * t_g,
+                    "act_quant_us": 1e3 * t_q,
+                    "gemv_v2_us": 1e3 * t_g,
+                    "gemv_v1_us": 1e3 * t_v1,
+                    "gemv_v2_xperm_us": 1e3 * t_xp,
                     "speedup": t_b / t_o,
                     "speedup_gemv_only": t_b / t_g,
-                    "bf16_us_no_graph": 1e3 * t_b_ev,
-                    "ours_us_no_graph": 1e3 * t_o_ev,
-                    "speedup_no_graph": t_b_ev / t_o_ev,
+                    "v1_over_v2": t_v1 / t_g,
                     "bf16_weight_GBps": wbytes_bf16 / t_b / 1e6,
                     "ours_weight_GBps": wbytes_fp4 / t_g / 1e6,
                     "gemv_sweep_us": sweep,
                     "target_speedup": 2.0,
                 }
             )
-            totals[(b, "bf16")] = totals.get((b, "bf16"), 0.0) + t_b
-            totals[(b, "ours")] = totals.get((b, "ours"), 0.0) + t_o
+            for key, t in (("bf16", t_b), ("ours", t_o), ("gemv", t_g), ("v1", t_v1), ("xperm", t_xp)):
+                totals[(b, key)] = totals.get((b, key), 0.0) + t
         w = wd = ws = None
     for b in (1, 4, 16):
         emit(
@@ -449,7 +460,11 @@ def bench_decode(args):
                 "batch": b,
                 "bf16_us": 1e3 * totals[(b, "bf16")],
                 "ours_us": 1e3 * totals[(b, "ours")],
+                "gemv_v2_us": 1e3 * totals[(b, "gemv")],
+                "gemv_v1_us": 1e3 * totals[(b, "v1")],
+                "gemv_v2_xperm_us": 1e3 * totals[(b, "xperm")],
                 "speedup": totals[(b, "bf16")] / totals[(b, "ours")],
+                "speedup_gemv_only": totals[(b, "bf16")] / totals[(b, "gemv")],
                 "target_speedup": 2.0,
             }
         )

@@ -5,7 +5,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
 - ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
-- ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches
+- ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
+                   GEMMs of <= 16 activation rows to it: the sampler's decode steps)
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`
@@ -13,7 +14,7 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
 from __future__ import annotations
 
-from .backend import TritonBackend, TritonNVFP4Tensor
+from .backend import TritonBackend, TritonNVFP4Tensor, decode_mode
 from .decode import decode_linear
 from .gemm import scaled_mm_nt
 from .logprobs import logprobs_and_entropy, logprobs_and_entropy_torch
@@ -25,6 +26,7 @@ __all__ = [
     "TritonNVFP4Tensor",
     "WeightRequantizer",
     "decode_linear",
+    "decode_mode",
     "dequantize_nvfp4_triton",
     "logprobs_and_entropy",
     "logprobs_and_entropy_torch",

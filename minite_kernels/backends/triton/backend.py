@@ -22,6 +22,10 @@
   TE's row-scaled GEMM semantics (``gemm.py``): cuBLAS then a scaling pass for BF16 outputs; one Triton
   kernel (FP32 end to end) for FP32 outputs and with ``exact_fused``.
   Both are checked against the FP32 reference GEMM (tests state the tolerances).
+- Decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 16 per-token NVFP4 activation rows against a per-tensor
+  NVFP4 weight, the sampler's token-by-token forward) run the packed-FP4 decode kernel (``decode.py``): the
+  weight is read packed (0.5625 bytes/parameter instead of BF16's 2) with the ``exact`` semantics above.
+  ``MINITE_TRITON_DECODE=off`` sends them to the GEMM of ``MINITE_TRITON_GEMM`` instead.
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
 
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
@@ -44,11 +48,14 @@ from minite_kernels.formats import NVFP4Tensor
 from minite_kernels.recipes import OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
+from .decode import decode_linear
 from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
+DECODE_MODES = ("auto", "off")
+DECODE_MAX_ROWS = 16
 
 
 # (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
@@ -67,6 +74,14 @@ def gemm_mode() -> str:
         raise ValueError(f"MINITE_TRITON_GEMM={mode!r} is not valid; choose one of {list(GEMM_MODES)}")
     _MODE_MEMO = (raw, mode)  # one atomic rebinding: readers never see a half-updated pair
     return mode
+
+
+def decode_mode() -> str:
+    """``$MINITE_TRITON_DECODE``: ``auto`` (default) or ``off``."""
+    raw = os.environ.get("MINITE_TRITON_DECODE", "auto").strip().lower()
+    if raw not in DECODE_MODES:
+        raise ValueError(f"MINITE_TRITON_DECODE={raw!r} is not valid; choose one of {list(DECODE_MODES)}")
+    return raw
 
 
 @dataclass(repr=False)
@@ -286,7 +301,9 @@ class TritonBackend(Backend):
         per_token = spec.scaling == "per_token"
         if mode is None:
             mode = gemm_mode()
-        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
+        # decode-sized activations feed the packed decode kernel, which reads the exact qs operand
+        decode_rows = per_token and m <= DECODE_MAX_ROWS and decode_mode() == "auto"
+        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16 and not decode_rows
         out = quantize_nvfp4_triton(
             x,
             per_token=per_token,
@@ -326,6 +343,9 @@ class TritonBackend(Backend):
                 "on the emulated backend",
             )
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
+        if _decode_ok(qa, qb):
+            qs = qa.exact_operand()
+            return decode_linear(qs, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype)
         mode = gemm_mode()
         if mode == "dequant" and out_dtype == torch.bfloat16:
             return torch.mm(_dequant_operand(qa), _dequant_operand(qb).t())
@@ -336,8 +356,23 @@ class TritonBackend(Backend):
         return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if fused else "cublas")
 
 
+def _decode_ok(qa, qb) -> bool:
+    """A per-token NVFP4 activation of at most DECODE_MAX_ROWS rows against a per-tensor NVFP4 weight."""
+    return (
+        isinstance(qa, TritonNVFP4Tensor)
+        and isinstance(qb, NVFP4Tensor)
+        and qa.scaling == "per_token"
+        and qb.scaling == "per_tensor"
+        and qa.data.shape[0] <= DECODE_MAX_ROWS
+        and not (qa.rht or qb.rht)
+        and qb.data.is_contiguous()
+        and kernel_device_ok(qb.data)
+        and decode_mode() == "auto"
+    )
+
+
 # (ok, reason) depends only on the frozen specs: computed once, not per call (this runs for every GEMM)
 _supports_quantize = functools.lru_cache(maxsize=None)(TritonBackend._supports_quantize_uncached)
 _supports_gemm = functools.lru_cache(maxsize=None)(TritonBackend._supports_gemm_uncached)
 
-__all__ = ["GEMM_MODES", "TritonBackend", "TritonNVFP4Tensor", "gemm_mode"]
+__all__ = ["DECODE_MAX_ROWS", "GEMM_MODES", "TritonBackend", "TritonNVFP4Tensor", "decode_mode", "gemm_mode"]

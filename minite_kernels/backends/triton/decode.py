@@ -121,6 +121,126 @@ def _decode_linear_kernel(
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+@triton.jit
+def _fp16_plane(wd, I: tl.constexpr):
+    """Nibble ``I`` of every int32 word as an fp16 of value ``e2m1 * 2^-14``: the code's sign goes to bit 15
+    and its magnitude bits ``e1 e0 m`` to bits 11..9 (exponent low bits + first mantissa bit). Codes with
+    ``e = 0`` land on fp16 subnormals (``0.5 -> 2^-15``), which fp16 arithmetic keeps exactly. Two shifts and
+    one three-input logic op per value instead of a compare/select chain."""
+    if 4 * I >= 9:
+        mag = (wd >> (4 * I - 9)) & 0x0E00
+    else:
+        mag = (wd << (9 - 4 * I)) & 0x0E00
+    if 4 * I >= 12:
+        sgn = (wd >> (4 * I - 12)) & 0x8000
+    else:
+        sgn = (wd << (12 - 4 * I)) & 0x8000
+    return (mag | sgn).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _fp16_scale(sb):
+    """E4M3 scale byte (non-negative; int32) as an fp16 of value ``s * 2^-8``: the byte's 7 magnitude bits
+    shifted to fp16 bits 13..7 (E4M3 subnormals map to fp16 subnormals, exactly)."""
+    return ((sb & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _decode_linear_kernel_v2(
+    x_ptr,
+    xamax_ptr,
+    w_ptr,
+    ws_ptr,
+    wamax_ptr,
+    out_ptr,
+    part_ptr,
+    cnt_ptr,
+    B,
+    N,
+    K,
+    kw_per_split,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KW: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    X_PERM: tl.constexpr,
+):
+    """Bit-trick decode (``_fp16_plane``/``_fp16_scale``). FMA path: the 8 nibbles of a word are multiplied
+    with their activations in fp32 and summed, then the word's block scale multiplies that partial sum
+    (``acc = y * 2^-22``). Tensor-core path: ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16
+    (normal range [2^-17, 21]), the activations ``qs_x`` are exact in fp16 too (<= 5 significant bits, range
+    [2^-10, 2688]), FP32 accumulate (``acc = y * 2^-7``)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    KW = K // 8
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.arange(0, BLOCK_B)
+    nmask = offs_n < N
+    bmask = offs_b < B
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    else:
+        acc3 = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
+    kw_start = pid_k * kw_per_split
+    for kk in range(0, kw_per_split, BLOCK_KW):
+        kw = kw_start + kk + tl.arange(0, BLOCK_KW)
+        kmask = kw < KW
+        wmask = nmask[:, None] & kmask[None, :]
+        wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
+        sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
+        s16 = _fp16_scale(sb.to(tl.int32))
+        xmask = bmask[:, None] & kmask[None, :]
+        if X_PERM:  # x given as [B, 8, K/8]: plane i of the words is a contiguous row
+            xbase = x_ptr + offs_b[:, None] * K + kw[None, :]
+            xstep = KW
+        else:
+            xbase = x_ptr + offs_b[:, None] * K + (kw * 8)[None, :]
+            xstep = 1
+        if USE_DOT:
+            s16 = s16 * 32768.0  # s * 2^7 <= 57344: exact in fp16
+            for i in tl.static_range(8):
+                w16 = _fp16_plane(wd, i) * s16
+                xi = tl.load(xbase + i * xstep, mask=xmask, other=0.0)
+                if DOT_F32:  # Triton's CPU interpreter mis-handles 16-bit dots
+                    acc = tl.dot(w16.to(tl.float32), tl.trans(xi.to(tl.float32)), acc)
+                else:
+                    acc = tl.dot(w16, tl.trans(xi.to(tl.float16)), acc)
+        else:
+            p = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
+            for i in tl.static_range(8):
+                v = _fp16_plane(wd, i).to(tl.float32)
+                xi = tl.load(xbase + i * xstep, mask=xmask, other=0.0).to(tl.float32)
+                p += v[:, None, :] * xi[None, :, :]
+            acc3 += p * s16.to(tl.float32)[:, None, :]
+    if USE_DOT:
+        post = 128.0 * INV_2688_SQ_C
+    else:
+        post = 4194304.0 * INV_2688_SQ_C
+        acc = tl.sum(acc3, axis=2)
+    xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
+    wa = tl.load(wamax_ptr)
+    res = (acc * post) * (xa[None, :] * wa)
+    out_ptrs = out_ptr + offs_b[None, :] * N + offs_n[:, None]
+    omask = nmask[:, None] & bmask[None, :]
+    if SPLIT == 1:
+        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        pptrs = part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
+        tl.store(pptrs, res, mask=omask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+            for s_idx in tl.static_range(SPLIT):
+                pp = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
+                tot += tl.load(pp, mask=omask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -153,12 +273,20 @@ def decode_linear(
     split: int | None = None,
     block_n: int | None = None,
     block_kw: int | None = None,
+    num_warps: int = 4,
+    impl: str = "v2",
+    x_perm: bool = False,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax``
     fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16],
     ``w_amax`` [1]).
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
-    b, k = x_qs.shape
+    if x_perm:
+        if x_qs.dim() != 3 or x_qs.shape[1] != 8:
+            raise ValueError(f"decode_linear(x_perm=True) takes x as [B, 8, K/8]; got {tuple(x_qs.shape)}")
+        b, k = x_qs.shape[0], 8 * x_qs.shape[2]
+    else:
+        b, k = x_qs.shape
     n = w_data.shape[0]
     out = torch.empty((b, n), dtype=out_dtype, device=x_qs.device)
     if b == 0 or n == 0:
@@ -180,7 +308,9 @@ def decode_linear(
     kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
     split = triton.cdiv(kw, kw_per_split)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
-    _decode_linear_kernel[(nblocks, split)](
+    if impl not in _IMPLS:
+        raise ValueError(f"decode_linear: impl={impl!r} is not valid; choose one of {sorted(_IMPLS)}")
+    _IMPLS[impl][(nblocks, split)](
         x_qs,
         x_amax,
         w_data.view(torch.int32),
@@ -199,6 +329,17 @@ def decode_linear(
         SPLIT=split,
         USE_DOT=use_dot,
         DOT_F32=interpret_mode(),
-        num_warps=4,
+        num_warps=num_warps,
+        **({"X_PERM": x_perm} if impl == "v2" else {}),
     )
     return out
+
+
+_IMPLS = {"v1": _decode_linear_kernel, "v2": _decode_linear_kernel_v2}
+
+
+def permute_for_decode(x: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` -> ``[B, 8, K/8]`` with ``out[b, i, j] = x[b, 8j + i]``: the activation layout of
+    ``decode_linear(x_perm=True)`` (nibble plane ``i`` of the packed weight words meets a contiguous row)."""
+    b, k = x.shape
+    return x.view(b, k // 8, 8).transpose(1, 2).contiguous()

@@ -1,0 +1,142 @@
+"""The packed-FP4 decode linear (``minite_kernels/backends/triton/decode.py``) and its routing in the backend.
+
+On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess, tiny shapes); on a
+GPU the compiled kernels (``-m gpu``). Both compare with the FP64 product of the reference dequantized operands
+(``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs) and check that the two kernel
+formulations (``impl="v1"``: compare/select nibble decode, ``"v2"``: fp16 bit-pattern decode) give the same
+bits on the FMA path (the same fp32 products, scaled by powers of two, summed in the same order).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
+
+_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+_DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _heavy(m: int, k: int, seed: int) -> torch.Tensor:
+    """Rows and columns spread over ~2^±6: exercises E4M3-subnormal block scales and E2M1 code 0.5."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp(2.0 * torch.randn(m, 1, generator=g))
+    return (x * torch.exp(torch.randn(1, k, generator=g))).to(torch.bfloat16).to(_DEV)
+
+
+def _rel(ref: torch.Tensor, y: torch.Tensor) -> float:
+    ref, y = ref.double().cpu(), y.double().cpu()
+    return float((y - ref).norm() / ref.norm())
+
+
+def _check_decode(batches, n: int, k: int, splits) -> None:
+    import minite_kernels.backends.triton as tk
+    from minite_kernels.formats import quantize_nvfp4
+
+    x, w = _heavy(max(batches), k, seed=1), _heavy(n, k, seed=2)
+    w[3, :16] = 0  # an all-zero block: scale 0, codes 0
+    qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
+    qw_dev = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
+    for b in batches:
+        ref = quantize_nvfp4(x[:b].cpu(), scaling="per_token").dequantize().double() @ qw.dequantize().double().t()
+        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x[:b], per_token=True, write_packed=False, write_qs=True)
+        for split in splits:
+            ys = {
+                impl: tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split, impl=impl)
+                for impl in ("v1", "v2")
+            }
+            for impl, y in ys.items():
+                assert _rel(ref, y) < 1e-5, (b, split, impl, _rel(ref, y))
+            if b <= 4:  # FMA path: same products and order in both formulations
+                assert torch.equal(ys["v1"], ys["v2"]), (b, split)
+            yb = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
+            # one bf16 rounding of the output: <= 2^-9 relative with RNE (GPU); the interpreter truncates
+            assert _rel(ref, yb) < (8e-3 if _IN_INTERPRETER else 2.5e-3)
+
+
+def _check_backend_routing() -> None:
+    import minite_kernels.backends.triton as tk
+    from minite_kernels.formats import quantize_nvfp4
+    from minite_kernels.recipes import get_qlinear_params
+
+    spec = get_qlinear_params("nvfp4_per_token_bf16_bwd").fprop
+    x, w = _heavy(4, 128, seed=3), _heavy(64, 128, seed=4)
+    qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
+    qw = type(qw)(**{f: (v.to(_DEV) if isinstance(v, torch.Tensor) else v) for f, v in vars(qw).items()})
+    backend = tk.TritonBackend(_DEV)
+    ref = quantize_nvfp4(x.cpu(), scaling="per_token").dequantize().double() @ quantize_nvfp4(
+        w.cpu(), tile=(16, 16)
+    ).dequantize().double().t()
+    os.environ["MINITE_TRITON_DECODE"] = "auto"
+    qx = backend.quantize(x, spec.a)
+    assert qx.qs is not None and qx.deq is None  # decode-sized: the exact operand is written
+    y = backend.qgemm_nt(None, None, spec.a, spec.b, a_quantized=qx, b_quantized=qw, out_dtype=torch.float32)
+    *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+    direct = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32)
+    assert torch.equal(y, direct)
+    assert _rel(ref, y) < 1e-5
+    try:
+        os.environ["MINITE_TRITON_DECODE"] = "off"
+        backend.clear_cache()
+        y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+        assert _rel(ref, y_off) < 1e-5
+        os.environ["MINITE_TRITON_DECODE"] = "sometimes"
+        with pytest.raises(ValueError, match="MINITE_TRITON_DECODE.*auto.*off"):
+            tk.decode_mode()
+    finally:
+        os.environ.pop("MINITE_TRITON_DECODE", None)
+
+
+def _check_bad_input() -> None:
+    import minite_kernels.backends.triton as tk
+
+    x = torch.zeros(2, 24, dtype=torch.bfloat16, device=_DEV)
+    a = torch.ones(2, device=_DEV)
+    with pytest.raises(ValueError, match="K % 16"):
+        tk.decode_linear(x, a, torch.zeros(8, 12, dtype=torch.uint8, device=_DEV), torch.zeros(8, 1, dtype=torch.uint8, device=_DEV), a[:1])
+    x = torch.zeros(2, 32, dtype=torch.bfloat16, device=_DEV)
+    with pytest.raises(ValueError, match="impl='v3'.*v1.*v2"):
+        tk.decode_linear(
+            x, a, torch.zeros(8, 16, dtype=torch.uint8, device=_DEV), torch.zeros(8, 2, dtype=torch.uint8, device=_DEV), a[:1], impl="v3"
+        )
+
+
+if torch.cuda.is_available():
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("n,k", [(1024, 2560), (2560, 9728), (96, 512)])
+    def test_decode_gpu(n, k):
+        _check_decode((1, 3, 4, 8, 16), n, k, (None, 1, 4))
+
+    @pytest.mark.gpu
+    def test_backend_routes_decode_gpu():
+        _check_backend_routing()
+        _check_bad_input()
+
+elif _IN_INTERPRETER:
+
+    def test_decode_interpreted():
+        _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
+
+    def test_backend_routes_decode_interpreted():
+        _check_backend_routing()
+        _check_bad_input()
+
+else:
+
+    def test_decode_suite_in_interpreter_subprocess():
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert "2 passed" in proc.stdout
