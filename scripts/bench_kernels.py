@@ -51,6 +51,10 @@ def layer_shapes(cfg: dict) -> list[tuple[str, int, int]]:
     ]
 
 
+#: linears whose input another linear of the block already quantized (q/k/v, gate/up)
+SHARES_INPUT = ("k_proj", "v_proj", "up_proj")
+
+
 def emit(rec: dict) -> None:
     rec = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.items()}
     RESULTS.append(rec)
@@ -245,7 +249,12 @@ def bench_linear(args):
             rec[f"quantize_x_{mode}_ms"] = bench(lambda: (setattr(tb, "_last", None), tb.quantize(x, spec.a)))
             qx = tb.quantize(x, spec.a)
             if mode == "dequant":
-                rec["gemm_only_dequant_ms"] = bench(lambda: torch.mm(qx.deq, qw.deq.t()))
+                rec["gemm_only_dequant_ms"] = t_g = bench(lambda: torch.mm(qx.deq, qw.deq.t()))
+                # in a model q/k/v read one input and gate/up another: the module quantizes each input once
+                add(
+                    "dequant_shared_input",
+                    t_g + (0.0 if name in SHARES_INPUT else rec["quantize_x_dequant_ms"]),
+                )
             else:
                 qx.qs_transient = False
                 qa, qb = qx.exact_operand(), qw.exact_operand()
@@ -361,6 +370,7 @@ def bench_linear(args):
         out[f"{key}_ms"] = v
     for key in (
         "dequant",
+        "dequant_shared_input",
         "exact",
         "exact_fused",
         "emulated",
@@ -385,7 +395,7 @@ def bench_decode(args):
     for name, n, k in layer_shapes(QWEN3_4B):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
-        for b in (1, 4, 16):
+        for b in args.decode_batches:
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
 
             def ours():
@@ -400,14 +410,17 @@ def bench_decode(args):
             for impl in ("v1", "v2"):
                 decode_linear(xqs, xa, wd, ws, wa, impl=impl)
             decode_linear(xp, xa, wd, ws, wa, x_perm=True)
+            decode_linear(xp, xa, wd, ws, wa, x_perm=True, one_dot=True)
             torch.cuda.synchronize()
             t_b = bench(lambda: F.linear(x, w), graph=True)
             t_o = bench(ours, graph=True)
             t_g = bench(lambda: decode_linear(xqs, xa, wd, ws, wa), graph=True)
             t_v1 = bench(lambda: decode_linear(xqs, xa, wd, ws, wa, impl="v1"), graph=True)
             t_xp = bench(lambda: decode_linear(xp, xa, wd, ws, wa, x_perm=True), graph=True)
+            t_od = bench(lambda: decode_linear(xp, xa, wd, ws, wa, x_perm=True, one_dot=True), graph=True)
             t_q = bench(
-                lambda: quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True), graph=True
+                lambda: quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True),
+                graph=True,
             )
             sweep = {}
             if args.decode_sweep:
@@ -416,13 +429,17 @@ def bench_decode(args):
                 else:
                     cfgs = ((64, 16, 4), (64, 32, 4), (128, 32, 4), (128, 16, 8), (64, 64, 4), (32, 32, 4))
                 for bn_, bkw_, nw_ in cfgs:
-                    for perm in (False, True) if b > 4 else (False,):
-                        key = f"{bn_}x{bkw_}w{nw_}" + ("p" if perm else "")
-                        xin = xp if perm else xqs
-                        kw_ = dict(block_n=bn_, block_kw=bkw_, num_warps=nw_, x_perm=perm)
+                    for perm in (0, 1, 2) if b > 4 else (0, 1):
+                        key = f"{bn_}x{bkw_}w{nw_}" + ("", "p", "o")[perm]
+                        xin, xa_ = (xp, xa) if perm else (xqs, xa)
+                        kw_ = dict(
+                            block_n=bn_, block_kw=bkw_, num_warps=nw_, x_perm=perm > 0, one_dot=perm == 2
+                        )
                         try:
-                            decode_linear(xin, xa, wd, ws, wa, **kw_)
-                            sweep[key] = 1e3 * bench(lambda: decode_linear(xin, xa, wd, ws, wa, **kw_), graph=True)
+                            decode_linear(xin, xa_, wd, ws, wa, **kw_)
+                            sweep[key] = 1e3 * bench(
+                                lambda: decode_linear(xin, xa_, wd, ws, wa, **kw_), graph=True, rep=40
+                            )
                         except Exception as e:  # a config that does not compile is reported, not fatal
                             sweep[key] = f"{type(e).__name__}"
             wbytes_bf16 = 2 * n * k
@@ -440,6 +457,7 @@ def bench_decode(args):
                     "gemv_v2_us": 1e3 * t_g,
                     "gemv_v1_us": 1e3 * t_v1,
                     "gemv_v2_xperm_us": 1e3 * t_xp,
+                    "gemv_v2_xperm_onedot_us": 1e3 * t_od,
                     "speedup": t_b / t_o,
                     "speedup_gemv_only": t_b / t_g,
                     "v1_over_v2": t_v1 / t_g,
@@ -449,10 +467,17 @@ def bench_decode(args):
                     "target_speedup": 2.0,
                 }
             )
-            for key, t in (("bf16", t_b), ("ours", t_o), ("gemv", t_g), ("v1", t_v1), ("xperm", t_xp)):
+            for key, t in (
+                ("bf16", t_b),
+                ("ours", t_o),
+                ("gemv", t_g),
+                ("v1", t_v1),
+                ("xperm", t_xp),
+                ("onedot", t_od),
+            ):
                 totals[(b, key)] = totals.get((b, key), 0.0) + t
         w = wd = ws = None
-    for b in (1, 4, 16):
+    for b in args.decode_batches:
         emit(
             {
                 "bench": "decode_layer_total",
@@ -463,6 +488,7 @@ def bench_decode(args):
                 "gemv_v2_us": 1e3 * totals[(b, "gemv")],
                 "gemv_v1_us": 1e3 * totals[(b, "v1")],
                 "gemv_v2_xperm_us": 1e3 * totals[(b, "xperm")],
+                "gemv_v2_xperm_onedot_us": 1e3 * totals[(b, "onedot")],
                 "speedup": totals[(b, "bf16")] / totals[(b, "ours")],
                 "speedup_gemv_only": totals[(b, "bf16")] / totals[(b, "gemv")],
                 "target_speedup": 2.0,
@@ -753,6 +779,12 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--model-emulated", action="store_true")
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
+    p.add_argument(
+        "--decode-batches",
+        type=lambda v: [int(b) for b in v.split(",")],
+        default=[1, 4, 16],
+        help="comma list of decode batch sizes (default 1,4,16: the issue's)",
+    )
     p.add_argument("--profile", action="store_true", help="profile one model step (CPU- vs GPU-bound)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

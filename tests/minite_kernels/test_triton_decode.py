@@ -1,10 +1,10 @@
 """The packed-FP4 decode linear (``minite_kernels/backends/triton/decode.py``) and its routing in the backend.
 
-On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess, tiny shapes); on a
-GPU the compiled kernels (``-m gpu``). Both compare with the FP64 product of the reference dequantized operands
-(``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs) and check that the two kernel
-formulations (``impl="v1"``: compare/select nibble decode, ``"v2"``: fp16 bit-pattern decode) give the same
-bits on the FMA path (the same fp32 products, scaled by powers of two, summed in the same order).
+On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess, tiny shapes);
+on a GPU the compiled kernels (``-m gpu``). Both compare with the FP64 product of the reference dequantized
+operands (``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs), the two kernel
+formulations (``impl="v1"``: compare/select nibble decode, ``"v2"``: fp16 bit-pattern decode) with each
+other, and the BF16 output with the FP32 one rounded to nearest-even (bit-equal).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def _rel(ref: torch.Tensor, y: torch.Tensor) -> float:
 
 def _check_decode(batches, n: int, k: int, splits) -> None:
     import minite_kernels.backends.triton as tk
+    from minite_kernels.backends.triton.decode import permute_for_decode
     from minite_kernels.formats import quantize_nvfp4
 
     x, w = _heavy(max(batches), k, seed=1), _heavy(n, k, seed=2)
@@ -43,8 +44,13 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
     qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
     qw_dev = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
     for b in batches:
-        ref = quantize_nvfp4(x[:b].cpu(), scaling="per_token").dequantize().double() @ qw.dequantize().double().t()
-        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x[:b], per_token=True, write_packed=False, write_qs=True)
+        ref = (
+            quantize_nvfp4(x[:b].cpu(), scaling="per_token").dequantize().double()
+            @ qw.dequantize().double().t()
+        )
+        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(
+            x[:b], per_token=True, write_packed=False, write_qs=True
+        )
         for split in splits:
             ys = {
                 impl: tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split, impl=impl)
@@ -52,11 +58,45 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
             }
             for impl, y in ys.items():
                 assert _rel(ref, y) < 1e-5, (b, split, impl, _rel(ref, y))
-            if b <= 4:  # FMA path: same products and order in both formulations
-                assert torch.equal(ys["v1"], ys["v2"]), (b, split)
+            # the permuted activation layout reads the same values in the same order: same bits
+            yp = tk.decode_linear(
+                permute_for_decode(xqs), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
+            )
+            assert torch.equal(yp, ys["v2"]), (b, split)
+            if b > 4:  # tensor-core path with all 8 nibble planes in one MMA operand
+                yo = tk.decode_linear(
+                    permute_for_decode(xqs),
+                    xa,
+                    *qw_dev,
+                    out_dtype=torch.float32,
+                    split=split,
+                    x_perm=True,
+                    one_dot=True,
+                )
+                assert _rel(ref, yo) < 1e-5, (b, split)
+            # same exact products; only the FP32 reduction tree and the epilogue order differ
+            assert _rel(ys["v1"], ys["v2"]) < 1e-6, (b, split)
             yb = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
-            # one bf16 rounding of the output: <= 2^-9 relative with RNE (GPU); the interpreter truncates
-            assert _rel(ref, yb) < (8e-3 if _IN_INTERPRETER else 2.5e-3)
+            if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
+                assert _rel(ref, yb) < 8e-3
+            else:  # the FP32 result, rounded once to nearest-even
+                assert torch.equal(yb, ys["v2"].to(torch.bfloat16)), (b, split, _rel(ys["v2"], yb))
+
+
+def _check_nonfinite() -> None:
+    import minite_kernels.backends.triton as tk
+    from minite_kernels.formats import quantize_nvfp4
+
+    x, w = _heavy(3, 64, seed=5), _heavy(32, 64, seed=6)
+    x[1, 7] = float("inf")
+    x[2, 0] = float("nan")
+    qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
+    args = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
+    *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+    y = tk.decode_linear(xqs, xa, *args, out_dtype=torch.float32)
+    assert y[1:].isnan().all()  # a poisoned row poisons its outputs, never finite garbage
+    y0 = tk.decode_linear(xqs[:1], xa[:1], *args, out_dtype=torch.float32)
+    assert torch.equal(y[0], y0[0]) and y0.isfinite().all()
 
 
 def _check_backend_routing() -> None:
@@ -69,9 +109,10 @@ def _check_backend_routing() -> None:
     qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
     qw = type(qw)(**{f: (v.to(_DEV) if isinstance(v, torch.Tensor) else v) for f, v in vars(qw).items()})
     backend = tk.TritonBackend(_DEV)
-    ref = quantize_nvfp4(x.cpu(), scaling="per_token").dequantize().double() @ quantize_nvfp4(
-        w.cpu(), tile=(16, 16)
-    ).dequantize().double().t()
+    ref = (
+        quantize_nvfp4(x.cpu(), scaling="per_token").dequantize().double()
+        @ quantize_nvfp4(w.cpu(), tile=(16, 16)).dequantize().double().t()
+    )
     os.environ["MINITE_TRITON_DECODE"] = "auto"
     qx = backend.quantize(x, spec.a)
     assert qx.qs is not None and qx.deq is None  # decode-sized: the exact operand is written
@@ -98,11 +139,22 @@ def _check_bad_input() -> None:
     x = torch.zeros(2, 24, dtype=torch.bfloat16, device=_DEV)
     a = torch.ones(2, device=_DEV)
     with pytest.raises(ValueError, match="K % 16"):
-        tk.decode_linear(x, a, torch.zeros(8, 12, dtype=torch.uint8, device=_DEV), torch.zeros(8, 1, dtype=torch.uint8, device=_DEV), a[:1])
+        tk.decode_linear(
+            x,
+            a,
+            torch.zeros(8, 12, dtype=torch.uint8, device=_DEV),
+            torch.zeros(8, 1, dtype=torch.uint8, device=_DEV),
+            a[:1],
+        )
     x = torch.zeros(2, 32, dtype=torch.bfloat16, device=_DEV)
     with pytest.raises(ValueError, match="impl='v3'.*v1.*v2"):
         tk.decode_linear(
-            x, a, torch.zeros(8, 16, dtype=torch.uint8, device=_DEV), torch.zeros(8, 2, dtype=torch.uint8, device=_DEV), a[:1], impl="v3"
+            x,
+            a,
+            torch.zeros(8, 16, dtype=torch.uint8, device=_DEV),
+            torch.zeros(8, 2, dtype=torch.uint8, device=_DEV),
+            a[:1],
+            impl="v3",
         )
 
 
@@ -115,6 +167,7 @@ if torch.cuda.is_available():
 
     @pytest.mark.gpu
     def test_backend_routes_decode_gpu():
+        _check_nonfinite()
         _check_backend_routing()
         _check_bad_input()
 
@@ -124,6 +177,7 @@ elif _IN_INTERPRETER:
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
     def test_backend_routes_decode_interpreted():
+        _check_nonfinite()
         _check_backend_routing()
         _check_bad_input()
 

@@ -206,3 +206,211 @@ def test_logprobs_entropy_kernel_matches_torch(tk):
 def test_backend_reports_unavailable_on_cpu(tk):
     ok, why = tk.TritonBackend.availability("cpu")
     assert not ok and "CUDA" in why
+
+
+# ------------------------------------------------------------------------------------------------------
+# v2 BF16 quantizer (quantize_bf16.py) and grouped weight sync
+# ------------------------------------------------------------------------------------------------------
+def _qs_ref(ref):
+    """The exact GEMM operand e2m1 * s_b of a reference NVFP4Tensor (signed zeros included), bf16."""
+    from minite_kernels.formats import e2m1_decode
+
+    m, k = ref.rows, ref.cols
+    vals = e2m1_decode(ref.codes()).view(m, k // 16, 16) * ref.scales_f32().unsqueeze(-1)
+    return vals.reshape(m, k).to(torch.bfloat16)
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+def _same_all(out, ref) -> None:
+    """data / scales / amax / nonfinite bytes, and qs / deq bit patterns (signed zeros too; NaN positions
+    where the domain is poisoned, where qs is defined as +0)."""
+    data, scales, amax, nonfinite, qs, deq = out
+    _same((data, scales, amax), ref)
+    assert torch.equal(nonfinite, torch.isnan(ref.amax))
+    if qs is not None:
+        qr = _qs_ref(ref)
+        fin = ~torch.isnan(qr)
+        assert torch.equal(_bits(qs)[fin], _bits(qr)[fin])
+        assert torch.equal(_bits(qs)[~fin], torch.zeros_like(_bits(qs)[~fin]))
+    if deq is not None:
+        dr = ref.dequantize(torch.bfloat16)
+        fin = ~torch.isnan(dr)
+        assert torch.equal(torch.isnan(deq), ~fin)
+        assert torch.equal(_bits(deq)[fin], _bits(dr)[fin])
+
+
+@pytest.fixture
+def impl_v2():
+    from minite_kernels.backends.triton import quantize as q
+
+    old = q._IMPL
+    q._IMPL = "v2"
+    yield q
+    q._IMPL = old
+
+
+@_interp_only
+def test_v2_quantize_every_output_matches_reference(tk, impl_v2):
+    from minite_kernels.formats import quantize_nvfp4
+
+    x = _heavy(17, 112, seed=3)  # 17 rows: not a multiple of any row tile; K/16 = 7 blocks (padded to 8)
+    x[2, 5] = float("inf")  # poisons row 2 (per token) / the whole tensor (per tensor)
+    x[4, :16] = -0.0  # a block of negative zeros: codes 0, not 8 (the reference tests y < 0)
+    x[5, 3] = -1e-38  # rounds to a signed zero code (8)
+    wide = _heavy(32, 160, seed=4)
+    cases = [
+        ("per_token", (1, 16), x),
+        ("per_token", (1, 16), wide[:, 16:128]),  # row stride 160 elements, offset 16: strided view
+        ("per_tensor", (1, 16), x),
+        ("per_tensor", (1, 16), wide[:17, :96]),
+        ("per_tensor", (16, 16), wide),
+        ("per_tensor", (16, 16), torch.cat([x[:16], x[:16]])),  # poisoned
+    ]
+    for scaling, tile, inp in cases:
+        out = tk.quantize_nvfp4_triton(
+            inp, per_token=scaling == "per_token", tile16=tile == (16, 16), write_qs=True, write_deq=True
+        )
+        _same_all(out, quantize_nvfp4(inp, scaling=scaling, tile=tile))
+    # qs only (the decode path's activation operand), no packed output
+    *_, a, _nf, qs, _ = tk.quantize_nvfp4_triton(wide, per_token=True, write_packed=False, write_qs=True)
+    ref = quantize_nvfp4(wide, scaling="per_token")
+    assert torch.equal(_bits(qs), _bits(_qs_ref(ref))) and torch.equal(a, ref.amax)
+
+
+@_interp_only
+def test_v2_stochastic_rounding_matches_reference(tk, impl_v2):
+    from minite_kernels.formats import quantize_nvfp4, random_bytes
+
+    x = _heavy(16, 64, seed=6)
+    for scaling in ("per_token", "per_tensor"):
+        rb = random_bytes(x.shape, generator=torch.Generator().manual_seed(1), device="cpu")
+        out = tk.quantize_nvfp4_triton(x, per_token=scaling == "per_token", rbits=rb, write_qs=True)
+        ref = quantize_nvfp4(
+            x, scaling=scaling, rounding="stochastic", generator=torch.Generator().manual_seed(1)
+        )
+        _same_all(out, ref)
+
+
+@_interp_only
+def test_v1_and_v2_agree_byte_for_byte(tk):
+    from minite_kernels.backends.triton import quantize as q
+
+    x = _heavy(32, 96, seed=7)
+    old = q._IMPL
+    try:
+        for per_token, tile16 in ((True, False), (False, False), (False, True)):
+            res = []
+            for impl in ("v1", "v2"):
+                q._IMPL = impl
+                res.append(tk.quantize_nvfp4_triton(x, per_token=per_token, tile16=tile16, write_qs=True))
+            for a, b in zip(res[0][:4], res[1][:4]):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            negz = _bits(res[1].qs) == -32768  # v1 writes +0 where v2 (and the reference) write -0
+            assert negz.any() and torch.equal(_bits(res[0].qs)[~negz], _bits(res[1].qs)[~negz])
+            assert (_bits(res[0].qs)[negz] == 0).all()
+    finally:
+        q._IMPL = old
+
+
+if _IN_INTERPRETER:
+    from minite_kernels.backends.triton.quantize_bf16 import _nibble, _rn_mag, _rn_parts
+
+    @triton.jit
+    def _rn_kernel(y_ptr, c_ptr, v_ptr, n, BLOCK: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = o < n
+        y = tl.load(y_ptr + o, mask=m, other=0.0)
+        t, em = _rn_parts(tl.minimum(tl.abs(y), 6.0))
+        tl.store(c_ptr + o, _nibble(y, t, em), mask=m)
+        tl.store(v_ptr + o, _rn_mag(t, em), mask=m)
+
+
+@_interp_only
+def test_magic_add_e2m1_rounding_matches_reference_table(tk):
+    # ties of the E2M1 grid (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4: RNE), their fp32 neighbours,
+    # saturation (> 6, inf), subnormals, signed zeros and random values of both signs
+    from minite_kernels.formats import e2m1_decode, e2m1_encode
+
+    ties = torch.tensor(
+        [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 1e30, 1e-40]
+        + [float("inf")]
+    )
+    rnd = torch.rand(3000, generator=torch.Generator().manual_seed(0)) * 8
+    a = torch.cat(
+        [
+            ties,
+            torch.nextafter(ties, torch.full_like(ties, float("inf"))),
+            torch.nextafter(ties, torch.zeros_like(ties)),
+            rnd,
+        ]
+    )
+    y = torch.cat([a, -a])
+    c = torch.empty(y.shape, dtype=torch.int32)
+    v = torch.empty(y.shape, dtype=torch.float32)
+    _rn_kernel[(triton.cdiv(y.numel(), 1024),)](y, c, v, y.numel(), BLOCK=1024)
+    ref = e2m1_encode(y).to(torch.int32)  # the reference's signed codes (-0.0 -> 0)
+    assert torch.equal(c, ref)
+    assert torch.equal(v, e2m1_decode(ref & 7))
+
+
+@pytest.fixture
+def small_tiles(impl_v2):
+    """Small v2 tiles, so that the tiny test weights span several tiles in both directions (exercises the
+    grouped kernels' flat tile enumeration) and the interpreter runs fast."""
+    old = dict(impl_v2.V2_CONFIG)
+    impl_v2.V2_CONFIG.update(
+        amax_rows=16, amax_block_m=8, amax_block_w=32, tile16_nb=4, tensor_block_m=4, tensor_nb=4
+    )
+    yield
+    impl_v2.V2_CONFIG.update(old)
+
+
+def _sync_weights():
+    ws = [
+        _heavy(32, 64, seed=10),
+        _heavy(16, 288, seed=11),  # K/16 = 18 blocks: a partial second tile along K
+        _heavy(48, 32, seed=12),
+        _heavy(32, 128, seed=13)[:, 16:112],  # strided view (row stride 128, offset 16 elements)
+        _heavy(16, 64, seed=14).float(),  # fp32: per-weight fallback
+    ]
+    ws[2][5, 3] = float("nan")  # poisons weight 2 only
+    return ws
+
+
+@_interp_only
+def test_grouped_weight_sync_matches_reference_and_per_weight_path(tk, small_tiles):
+    from minite_kernels.formats import quantize_nvfp4
+
+    ws = _sync_weights()
+    sync = tk.WeightRequantizer(ws, write_qs=True, write_deq=True, cuda_graph=False)
+    assert sync.grouped and len(sync._groups) == 1 and sync._single == [4]
+    out = sync.sync()
+    for w, q in zip(ws, out):
+        ref = quantize_nvfp4(w, tile=(16, 16))
+        _same_all((q.data, q.scales, q.amax, q.nonfinite, q.qs, q.deq), ref)
+    with torch.no_grad():
+        for w in ws:
+            w.mul_(1.5).add_(0.01)  # an optimizer step in place: same buffers, new values
+    out = sync.sync()
+    for w, q in zip(ws, out):
+        _same((q.data, q.scales, q.amax), quantize_nvfp4(w, tile=(16, 16)))
+
+
+@_interp_only
+def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
+    from minite_kernels.formats import quantize_nvfp4
+
+    ws = _sync_weights()[:4] + [_heavy(21, 48, seed=15)]  # 21 rows: not a multiple of the 8-row tile
+    sync = tk.WeightRequantizer(ws, tile16=False, chunk_bytes=4096, cuda_graph=False)
+    assert len(sync._groups) >= 3 and sync.num_launches == 2 * len(sync._groups) + 1
+    for q, w in zip(sync.sync(), ws):
+        _same((q.data, q.scales, q.amax), quantize_nvfp4(w, tile=(1, 16)))
+    per_weight = tk.WeightRequantizer(ws[3:], tile16=False, grouped=False, cuda_graph=False)  # the A/B path
+    assert not per_weight._groups and per_weight.num_launches == 6
+    for p, w in zip(per_weight.sync(), ws[3:]):
+        _same((p.data, p.scales, p.amax), quantize_nvfp4(w, tile=(1, 16)))
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)

@@ -298,3 +298,103 @@ def test_linear_module_triton_matches_emulated(recipe):
     ye.backward(dy)
     assert _rel_l2(xe.grad.float(), xt.grad.float()) < 1e-2
     assert _rel_l2(lin_e.weight.grad.float(), lin_t.weight.grad.float()) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------------------
+# BF16 fast path v1 / v2 at the benchmark size, grouped weight sync at Qwen3-1.7B shapes
+# ------------------------------------------------------------------------------------------------------
+_REF_CACHE: dict = {}
+
+
+def _big_case(scaling, tile):
+    """8192x8192 bf16 (the benchmark's tensor) with a poisoned row for per-token scaling, and its CPU
+    reference (computed once per case)."""
+    key = (scaling, tile)
+    if key not in _REF_CACHE:
+        x = _heavy(8192, 8192, seed=21)
+        if scaling == "per_token":
+            x[77, 4000] = float("nan")
+            x[78, :16] = -0.0
+        _REF_CACHE.clear()  # keep one 8192^2 case in host memory at a time
+        _REF_CACHE[key] = (x, _ref(x, scaling=scaling, tile=tile))
+    return _REF_CACHE[key]
+
+
+def _qs_bits_ref(ref):
+    from minite_kernels.formats import e2m1_decode
+
+    m, k = ref.rows, ref.cols
+    v = e2m1_decode(ref.codes()).view(m, k // 16, 16) * ref.scales_f32().unsqueeze(-1)
+    return v.reshape(m, k).to(torch.bfloat16).view(torch.int16)
+
+
+@pytest.mark.parametrize(
+    "scaling,tile", [("per_token", (1, 16)), ("per_tensor", (1, 16)), ("per_tensor", (16, 16))]
+)
+@pytest.mark.parametrize("impl", ["v2", "v1"])
+def test_bf16_fast_path_8192_bytes_match_reference(impl, scaling, tile, monkeypatch):
+    from minite_kernels.backends.triton import quantize as q
+
+    monkeypatch.setattr(q, "_IMPL", impl)
+    x, ref = _big_case(scaling, tile)
+    per_token, tile16 = scaling == "per_token", tile == (16, 16)
+    d, s, a, nf, *_ = q.quantize_nvfp4_triton(x, per_token=per_token, tile16=tile16)  # the benchmark call
+    _assert_same_bytes(d, s, a, ref)
+    assert torch.equal(nf.cpu(), torch.isnan(ref.amax))
+    d, s, a, nf, qs, deq = q.quantize_nvfp4_triton(
+        x, per_token=per_token, tile16=tile16, write_qs=True, write_deq=True
+    )
+    _assert_same_bytes(d, s, a, ref)
+    dr = ref.dequantize(torch.bfloat16)
+    fin = ~torch.isnan(dr)
+    assert torch.equal(torch.isnan(deq.cpu()), ~fin)
+    qr = _qs_bits_ref(ref)
+    qfin = ~torch.isnan(ref.scales_f32()).repeat_interleave(16, dim=1)
+    if impl == "v2":  # bit patterns, signed zeros included
+        assert torch.equal(deq.cpu().view(torch.int16)[fin], dr.view(torch.int16)[fin])
+        assert torch.equal(qs.cpu().view(torch.int16)[qfin], qr[qfin])
+    else:  # v1 writes +0 for the reference's -0 (values equal)
+        assert torch.equal(deq.cpu()[fin], dr[fin])
+        assert torch.equal(qs.cpu()[qfin], qr.view(torch.bfloat16)[qfin])
+    if per_token:
+        *_, a2, _nf, qs2, _ = q.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+        assert torch.equal(qs2, qs) and torch.equal(a2, a)
+
+
+def _qwen3_1p7b_layer(device="cuda"):
+    shapes = [
+        (2048, 2048),
+        (1024, 2048),
+        (1024, 2048),
+        (2048, 2048),
+        (6144, 2048),
+        (6144, 2048),
+        (2048, 6144),
+    ]
+    return [(torch.randn(n, k, device=device) * 0.02).to(torch.bfloat16) for n, k in shapes]
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 32 << 20])
+def test_grouped_weight_sync_qwen3_shapes_match_reference(chunk_bytes):
+    tk = _tk()
+    ws = _qwen3_1p7b_layer()
+    ws[4][100, 7] = float("inf")  # poisons the gate projection only
+    sync = tk.WeightRequantizer(ws, write_qs=True, chunk_bytes=chunk_bytes)  # grouped, CUDA graph
+    assert sync.grouped and not sync._single
+    per_weight = tk.WeightRequantizer(ws, write_qs=True, grouped=False)
+    for step in range(2):
+        if step:
+            with torch.no_grad():
+                for w in ws:
+                    w.mul_(1.5).add_(0.001)  # an optimizer step in place
+        out, base = sync.sync(), per_weight.sync()
+        torch.cuda.synchronize()
+        for w, q, p in zip(ws, out, base):
+            ref = _ref(w, tile=(16, 16))
+            _assert_same_bytes(q.data, q.scales, q.amax, ref)
+            assert q.nonfinite.item() == bool(torch.isnan(ref.amax).item())
+            if not q.nonfinite.item():
+                assert torch.equal(q.qs.cpu().view(torch.int16), _qs_bits_ref(ref))
+            assert torch.equal(p.data, q.data) and torch.equal(
+                p.scales.view(torch.uint8), q.scales.view(torch.uint8)
+            )

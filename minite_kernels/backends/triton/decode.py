@@ -122,19 +122,19 @@ def _decode_linear_kernel(
 
 
 @triton.jit
-def _fp16_plane(wd, I: tl.constexpr):
-    """Nibble ``I`` of every int32 word as an fp16 of value ``e2m1 * 2^-14``: the code's sign goes to bit 15
+def _fp16_plane(wd, NIB: tl.constexpr):
+    """Nibble ``NIB`` of every int32 word as an fp16 of value ``e2m1 * 2^-14``: the code's sign goes to bit 15
     and its magnitude bits ``e1 e0 m`` to bits 11..9 (exponent low bits + first mantissa bit). Codes with
     ``e = 0`` land on fp16 subnormals (``0.5 -> 2^-15``), which fp16 arithmetic keeps exactly. Two shifts and
     one three-input logic op per value instead of a compare/select chain."""
-    if 4 * I >= 9:
-        mag = (wd >> (4 * I - 9)) & 0x0E00
+    if 4 * NIB >= 9:
+        mag = (wd >> (4 * NIB - 9)) & 0x0E00
     else:
-        mag = (wd << (9 - 4 * I)) & 0x0E00
-    if 4 * I >= 12:
-        sgn = (wd >> (4 * I - 12)) & 0x8000
+        mag = (wd << (9 - 4 * NIB)) & 0x0E00
+    if 4 * NIB >= 12:
+        sgn = (wd >> (4 * NIB - 12)) & 0x8000
     else:
-        sgn = (wd << (12 - 4 * I)) & 0x8000
+        sgn = (wd << (12 - 4 * NIB)) & 0x8000
     return (mag | sgn).to(tl.int16).to(tl.float16, bitcast=True)
 
 
@@ -143,6 +143,33 @@ def _fp16_scale(sb):
     """E4M3 scale byte (non-negative; int32) as an fp16 of value ``s * 2^-8``: the byte's 7 magnitude bits
     shifted to fp16 bits 13..7 (E4M3 subnormals map to fp16 subnormals, exactly)."""
     return ((sb & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _row_partial(wd, s, x_ptr, r, K, kw, kmask, B, X_PERM: tl.constexpr):
+    """Σ over the 8 nibbles of every word of ``w * x[r]`` (fp32 [BN, BKW], still times ``2^-22``)."""
+    KW = K // 8
+    xmask = kmask & (r < B)
+    p = tl.zeros(wd.shape, dtype=tl.float32)
+    for i in tl.static_range(8):
+        if X_PERM:
+            xi = tl.load(x_ptr + r * K + i * KW + kw, mask=xmask, other=0.0)
+        else:
+            xi = tl.load(x_ptr + r * K + kw * 8 + i, mask=xmask, other=0.0)
+        p += _fp16_plane(wd, i).to(tl.float32) * xi.to(tl.float32)[None, :]
+    return p * s
+
+
+@triton.jit
+def _store_rows(
+    res, r, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr
+):
+    """Row ``r`` of the output (or of this program's split-K partial)."""
+    m = nmask & (r < B)
+    if SPLIT == 1:
+        tl.store(out_ptr + r * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        tl.store(part_ptr + (pid_k * BLOCK_B + r) * N + offs_n, res, mask=m)
 
 
 @triton.jit
@@ -166,82 +193,169 @@ def _decode_linear_kernel_v2(
     USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr,
     X_PERM: tl.constexpr,
+    ONE_DOT: tl.constexpr = False,
 ):
-    """Bit-trick decode (``_fp16_plane``/``_fp16_scale``). FMA path: the 8 nibbles of a word are multiplied
-    with their activations in fp32 and summed, then the word's block scale multiplies that partial sum
-    (``acc = y * 2^-22``). Tensor-core path: ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16
-    (normal range [2^-17, 21]), the activations ``qs_x`` are exact in fp16 too (<= 5 significant bits, range
-    [2^-10, 2688]), FP32 accumulate (``acc = y * 2^-7``)."""
+    """Bit-trick decode (``_fp16_plane``/``_fp16_scale``).
+
+    FMA path (B <= 4): one 2-D accumulator per activation row in the layout the weight words are loaded in
+    (a 3-D [BN, B, BKW] product made Triton move every decoded plane through shared memory); the 8 nibbles
+    of a word are multiplied with their activations in fp32 and summed, then the word's block scale
+    multiplies that partial sum (``acc = y * 2^-22``).
+
+    Tensor-core path: ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16 (normal range
+    [2^-17, 21]); the activations ``qs_x`` are exact in fp16 too (<= 5 significant bits, range
+    [2^-10, 2688]); FP32 accumulate (``acc = y * 2^-7``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KW = K // 8
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_b = tl.arange(0, BLOCK_B)
     nmask = offs_n < N
-    bmask = offs_b < B
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
     kw_start = pid_k * kw_per_split
-    for kk in range(0, kw_per_split, BLOCK_KW):
-        kw = kw_start + kk + tl.arange(0, BLOCK_KW)
-        kmask = kw < KW
-        wmask = nmask[:, None] & kmask[None, :]
-        wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
-        s16 = _fp16_scale(sb.to(tl.int32))
-        xmask = bmask[:, None] & kmask[None, :]
-        if X_PERM:  # x given as [B, 8, K/8]: plane i of the words is a contiguous row
-            xbase = x_ptr + offs_b[:, None] * K + kw[None, :]
-            xstep = KW
-        else:
-            xbase = x_ptr + offs_b[:, None] * K + (kw * 8)[None, :]
-            xstep = 1
-        if USE_DOT:
-            s16 = s16 * 32768.0  # s * 2^7 <= 57344: exact in fp16
-            for i in tl.static_range(8):
+    wa = tl.load(wamax_ptr)
+    if USE_DOT:
+        offs_b = tl.arange(0, BLOCK_B)
+        bmask = offs_b < B
+        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+        for kk in range(0, kw_per_split, BLOCK_KW):
+            kw = kw_start + kk + tl.arange(0, BLOCK_KW)
+            kmask = kw < KW
+            wmask = nmask[:, None] & kmask[None, :]
+            wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
+            sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
+            s16 = _fp16_scale(sb.to(tl.int32)) * 32768.0  # s * 2^7 <= 57344: exact in fp16
+            xmask = bmask[:, None] & kmask[None, :]
+            if ONE_DOT:  # all 8 planes as one [BN, 8*BKW] operand, K ordered plane-major like x_perm's rows
+                planes = tl.arange(0, 8)
+                c = (wd[:, None, :] >> (4 * planes)[None, :, None]) & 15
+                h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+                w16 = tl.reshape(h * s16[:, None, :], [BLOCK_N, 8 * BLOCK_KW])
+                xi = tl.load(
+                    x_ptr + offs_b[:, None, None] * K + (planes * KW)[None, :, None] + kw[None, None, :],
+                    mask=xmask[:, None, :],
+                    other=0.0,
+                )
+                xi = tl.reshape(xi, [BLOCK_B, 8 * BLOCK_KW])
+                if DOT_F32:
+                    acc = tl.dot(w16.to(tl.float32), tl.trans(xi.to(tl.float32)), acc)
+                else:
+                    acc = tl.dot(w16, tl.trans(xi.to(tl.float16)), acc)
+            for i in tl.static_range(0 if ONE_DOT else 8):
+                if X_PERM:  # x given as [B, 8, K/8]: plane i of the words is a contiguous row
+                    xi = tl.load(x_ptr + offs_b[:, None] * K + i * KW + kw[None, :], mask=xmask, other=0.0)
+                else:
+                    xi = tl.load(x_ptr + offs_b[:, None] * K + (kw * 8 + i)[None, :], mask=xmask, other=0.0)
                 w16 = _fp16_plane(wd, i) * s16
-                xi = tl.load(xbase + i * xstep, mask=xmask, other=0.0)
                 if DOT_F32:  # Triton's CPU interpreter mis-handles 16-bit dots
                     acc = tl.dot(w16.to(tl.float32), tl.trans(xi.to(tl.float32)), acc)
                 else:
                     acc = tl.dot(w16, tl.trans(xi.to(tl.float16)), acc)
+        xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
+        res = (acc * (128.0 * INV_2688_SQ_C)) * (xa[None, :] * wa)
+        omask = nmask[:, None] & bmask[None, :]
+        if SPLIT == 1:
+            tl.store(
+                out_ptr + offs_b[None, :] * N + offs_n[:, None], res.to(out_ptr.dtype.element_ty), mask=omask
+            )
         else:
-            p = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
-            for i in tl.static_range(8):
-                v = _fp16_plane(wd, i).to(tl.float32)
-                xi = tl.load(xbase + i * xstep, mask=xmask, other=0.0).to(tl.float32)
-                p += v[:, None, :] * xi[None, :, :]
-            acc3 += p * s16.to(tl.float32)[:, None, :]
-    if USE_DOT:
-        post = 128.0 * INV_2688_SQ_C
+            tl.store(part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None], res, mask=omask)
     else:
-        post = 4194304.0 * INV_2688_SQ_C
-        acc = tl.sum(acc3, axis=2)
-    xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
-    wa = tl.load(wamax_ptr)
-    res = (acc * post) * (xa[None, :] * wa)
-    out_ptrs = out_ptr + offs_b[None, :] * N + offs_n[:, None]
-    omask = nmask[:, None] & bmask[None, :]
-    if SPLIT == 1:
-        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
-    else:
-        pptrs = part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
-        tl.store(pptrs, res, mask=omask)
+        acc0 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+        for kk in range(0, kw_per_split, BLOCK_KW):
+            kw = kw_start + kk + tl.arange(0, BLOCK_KW)
+            kmask = kw < KW
+            wmask = nmask[:, None] & kmask[None, :]
+            wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
+            sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
+            s = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
+            acc0 += _row_partial(wd, s, x_ptr, 0, K, kw, kmask, B, X_PERM)
+            if BLOCK_B > 1:
+                acc1 += _row_partial(wd, s, x_ptr, 1, K, kw, kmask, B, X_PERM)
+            if BLOCK_B > 2:
+                acc2 += _row_partial(wd, s, x_ptr, 2, K, kw, kmask, B, X_PERM)
+                acc3 += _row_partial(wd, s, x_ptr, 3, K, kw, kmask, B, X_PERM)
+        post = wa * (4194304.0 * INV_2688_SQ_C)
+        xa0 = tl.load(xamax_ptr)
+        _store_rows(
+            tl.sum(acc0, axis=1) * post * xa0,
+            0,
+            out_ptr,
+            part_ptr,
+            offs_n,
+            nmask,
+            pid_k,
+            N,
+            B,
+            BLOCK_B,
+            SPLIT,
+        )
+        if BLOCK_B > 1:
+            xa1 = tl.load(xamax_ptr + 1)
+            _store_rows(
+                tl.sum(acc1, axis=1) * post * xa1,
+                1,
+                out_ptr,
+                part_ptr,
+                offs_n,
+                nmask,
+                pid_k,
+                N,
+                B,
+                BLOCK_B,
+                SPLIT,
+            )
+        if BLOCK_B > 2:
+            xa2 = tl.load(xamax_ptr + 2, mask=B > 2, other=0.0)
+            _store_rows(
+                tl.sum(acc2, axis=1) * post * xa2,
+                2,
+                out_ptr,
+                part_ptr,
+                offs_n,
+                nmask,
+                pid_k,
+                N,
+                B,
+                BLOCK_B,
+                SPLIT,
+            )
+            xa3 = tl.load(xamax_ptr + 3, mask=B > 3, other=0.0)
+            _store_rows(
+                tl.sum(acc3, axis=1) * post * xa3,
+                3,
+                out_ptr,
+                part_ptr,
+                offs_n,
+                nmask,
+                pid_k,
+                N,
+                B,
+                BLOCK_B,
+                SPLIT,
+            )
+    if SPLIT > 1:
+        offs_b2 = tl.arange(0, BLOCK_B)
+        omask2 = nmask[:, None] & (offs_b2 < B)[None, :]
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT - 1:
             tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
             for s_idx in tl.static_range(SPLIT):
-                pp = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
-                tot += tl.load(pp, mask=omask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                pp = part_ptr + (s_idx * BLOCK_B + offs_b2[None, :]) * N + offs_n[:, None]
+                tot += tl.load(pp, mask=omask2, other=0.0, cache_modifier=".cg")
+            tl.store(
+                out_ptr + offs_b2[None, :] * N + offs_n[:, None],
+                tot.to(out_ptr.dtype.element_ty),
+                mask=omask2,
+            )
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+#: the compiled kernel of the last launch per impl (``scripts/kernel_asm.py`` reads its SASS)
+LAST_KERNEL: dict[str, object] = {}
 
 
 def _workspace(device: torch.device, split: int, bb: int, n: int, nblocks: int):
@@ -276,11 +390,16 @@ def decode_linear(
     num_warps: int = 4,
     impl: str = "v2",
     x_perm: bool = False,
+    one_dot: bool = False,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax``
     fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16],
     ``w_amax`` [1]).
+
+    ``x_perm=True``: ``x_qs`` is ``permute_for_decode(qs)`` [B, 8, K/8].
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
+    if impl not in _IMPLS:
+        raise ValueError(f"decode_linear: impl={impl!r} is not valid; choose one of {sorted(_IMPLS)}")
     if x_perm:
         if x_qs.dim() != 3 or x_qs.shape[1] != 8:
             raise ValueError(f"decode_linear(x_perm=True) takes x as [B, 8, K/8]; got {tuple(x_qs.shape)}")
@@ -288,12 +407,17 @@ def decode_linear(
     else:
         b, k = x_qs.shape
     n = w_data.shape[0]
+    if k % 16 or not w_data.is_contiguous() or not x_qs.is_contiguous():
+        raise ValueError(f"decode_linear needs K % 16 == 0 and contiguous operands; got K={k}")
+    if w_data.shape[1] * 2 != k:
+        raise ValueError(
+            f"decode_linear: x has K={k} but the packed weight {tuple(w_data.shape)} has "
+            f"K={2 * w_data.shape[1]}"
+        )
+    use_dot = b > 4
     out = torch.empty((b, n), dtype=out_dtype, device=x_qs.device)
     if b == 0 or n == 0:
         return out
-    if k % 16 or not w_data.is_contiguous() or not x_qs.is_contiguous():
-        raise ValueError(f"decode_linear needs K % 16 == 0 and contiguous operands; got K={k}")
-    use_dot = b > 4
     bb = max(16, triton.next_power_of_2(b)) if use_dot else triton.next_power_of_2(b)
     # defaults from the H200 block-size sweep (scripts/bench_kernels.py --decode-sweep)
     bn = block_n or (64 if use_dot else 8)
@@ -308,9 +432,10 @@ def decode_linear(
     kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
     split = triton.cdiv(kw, kw_per_split)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
-    if impl not in _IMPLS:
-        raise ValueError(f"decode_linear: impl={impl!r} is not valid; choose one of {sorted(_IMPLS)}")
-    _IMPLS[impl][(nblocks, split)](
+    if one_dot and not x_perm:
+        raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
+    extra = {"X_PERM": x_perm, "ONE_DOT": one_dot and use_dot} if impl == "v2" else {}
+    LAST_KERNEL[impl] = _IMPLS[impl][(nblocks, split)](
         x_qs,
         x_amax,
         w_data.view(torch.int32),
@@ -330,7 +455,7 @@ def decode_linear(
         USE_DOT=use_dot,
         DOT_F32=interpret_mode(),
         num_warps=num_warps,
-        **({"X_PERM": x_perm} if impl == "v2" else {}),
+        **extra,
     )
     return out
 

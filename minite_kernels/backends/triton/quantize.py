@@ -22,6 +22,10 @@ round-to-nearest-even trick (exact for ``t < 2^22``). Example: ``p = 282.24`` ->
 Non-finite input poisons its scaling domain exactly as the reference does: amax NaN, scale bytes 0x7F,
 codes 0.
 
+BF16 inputs with unit stride along K take the word-wise fast path of ``quantize_bf16.py`` in one of two
+formulations, ``MINITE_TRITON_QUANT_IMPL=v1|v2`` (default v2; read once at import into ``_IMPL``; the v2
+launch geometry is ``V2_CONFIG``); other dtypes and layouts use the generic kernels below.
+
 Per-tensor scaling is two launches (an amax reduction, then the quantize pass): the tensor is read twice.
 Per-token scaling is one launch: each program reads its rows twice (row amax, then quantize), the second
 read mostly from L2.
@@ -29,6 +33,7 @@ read mostly from L2.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -144,7 +149,7 @@ def _quantize_tile(
         mag = _e2m1_value(code)
     neg = y < 0.0
     code = tl.where(neg, code + 8, code)
-    qs = tl.where(neg, -mag, mag) * s_b[:, :, None]
+    qs = tl.where(neg, mag * -1.0, mag) * s_b[:, :, None]  # mag * -1 keeps -0 (Triton lowers -x to 0 - x)
     pairs = tl.reshape(code, [BLOCK_M, BLOCK_K // 2, 2])
     lo, hi = tl.split(pairs)
     packed = (lo | (hi << 4)).to(tl.uint8)
@@ -392,7 +397,7 @@ def _dequantize_kernel(
             am = tl.load(amax_ptr)
         s = (s * am) * INV_2688
     mag = _e2m1_value(codes & 7)
-    v = tl.where(codes >= 8, -mag, mag)
+    v = tl.where(codes >= 8, mag * -1.0, mag)  # code 8 is -0 (Triton lowers -x to 0 - x: +0)
     out = tl.reshape(v, [BLOCK_M, BLOCK_K // 16, 16]) * s[:, :, None]
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(
@@ -474,6 +479,147 @@ def _bf16_words_ok(x: torch.Tensor, rbits: torch.Tensor | None) -> bool:
     )
 
 
+def _read_impl() -> str:
+    impl = os.environ.get("MINITE_TRITON_QUANT_IMPL", "v2").strip().lower() or "v2"
+    if impl not in ("v1", "v2"):
+        raise ValueError(f"MINITE_TRITON_QUANT_IMPL={impl!r}: valid choices are 'v1' and 'v2' (default)")
+    return impl
+
+
+#: BF16 fast-path formulation, read once at import from ``MINITE_TRITON_QUANT_IMPL`` (``v1`` | ``v2``);
+#: a module global so a benchmark can A/B both in one process (``quantize._IMPL = "v1"``).
+_IMPL = _read_impl()
+
+#: launch geometry of the v2 kernels (a benchmark may edit it in-process to sweep; the defaults are used
+#: by the library). ``token_words_per_thread``: words held per thread in the per-token kernel;
+#: ``token_program_words``: words per program for short rows (several rows per program).
+V2_CONFIG: dict[str, int] = {
+    "token_words_per_thread": 16,
+    "token_program_words": 4096,
+    "tensor_block_m": 8,  # per-tensor 1x16: rows x blocks per program
+    "tensor_nb": 32,
+    "tensor_warps": 4,
+    "tile16_nb": 32,  # per-tensor 16x16: 16 rows x tile16_nb blocks per program
+    "tile16_warps": 4,
+    "amax_rows": 32,  # amax pass: amax_rows x amax_block_w words per program, amax_block_m rows at a time
+    "amax_block_m": 8,
+    "amax_block_w": 512,
+    "amax_warps": 8,
+}
+
+
+def _contig_aligned(t: torch.Tensor | None, align: int) -> bool:
+    return t is not None and t.is_contiguous() and t.data_ptr() % align == 0
+
+
+def _v2_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
+    """v2 stores 8-byte code words and 16-byte qs/deq vectors: the buffers must be contiguous and aligned."""
+    if out is None:
+        return True
+    data, scales, _a, _nf, qs, deq = out
+    if write_packed and not (_contig_aligned(data, 8) and _contig_aligned(scales, 1)):
+        return False
+    return all(t is None or _contig_aligned(t, 16) for t in (qs, deq))
+
+
+def _launch_bf16_v2(
+    x: torch.Tensor,
+    out: QuantOut,
+    scales: torch.Tensor | None,
+    per_token: bool,
+    tile16: bool,
+    rbits: torch.Tensor | None,
+    write_packed: bool,
+    write_qs: bool,
+    write_deq: bool,
+    scratch: torch.Tensor | None,
+) -> None:
+    from .quantize_bf16 import _amax_kernel_v2, _quant_tensor_kernel_v2, _quant_token_kernel_v2
+
+    data, _s, amax, nonfinite, qs, deq = out
+    m, k = x.shape
+    kw = k // 2
+    nbk = kw // 8
+    sr = rbits is not None
+    xw = x.view(torch.int32)
+    align4 = xw.stride(0) % 4 == 0 and xw.data_ptr() % 16 == 0
+    dummy = amax
+    rb = rbits.view(torch.int16) if sr else dummy
+    dptr = data.view(torch.int32) if write_packed else dummy
+    sptr = scales if write_packed else dummy
+    qsw = qs.view(torch.int32) if write_qs else dummy
+    deqw = deq.view(torch.int32) if write_deq else dummy
+    flags = {"SR": sr, "WRITE_PACKED": write_packed, "WRITE_QS": write_qs, "WRITE_DEQ": write_deq}
+    flags["RNE_INT"] = interpret_mode()
+    cfg = V2_CONFIG
+    if per_token:
+        nb = triton.next_power_of_2(nbk)
+        bm = max(1, min(16, cfg["token_program_words"] // (nb * 8)))
+        warps = max(1, min(16, bm * nb * 8 // (cfg["token_words_per_thread"] * 32)))
+        _quant_token_kernel_v2[(triton.cdiv(m, bm),)](
+            xw,
+            dptr,
+            sptr,
+            qsw,
+            deqw,
+            amax,
+            nonfinite,
+            rb,
+            m,
+            kw,
+            xw.stride(0),
+            BLOCK_M=bm,
+            NB=nb,
+            ALIGN4=align4,
+            num_warps=warps,
+            **flags,
+        )
+        return
+    if scratch is None:
+        scratch = torch.zeros(2, dtype=torch.int32, device=x.device)
+    else:
+        scratch.zero_()
+    arows, abm = cfg["amax_rows"], cfg["amax_block_m"]
+    abw = min(cfg["amax_block_w"], max(8, triton.next_power_of_2(kw)))
+    _amax_kernel_v2[(triton.cdiv(m, arows), triton.cdiv(kw, abw))](
+        xw,
+        scratch,
+        m,
+        kw,
+        xw.stride(0),
+        ALIGN4=align4,
+        A_ROWS=arows,
+        BLOCK_M=abm,
+        BLOCK_W=abw,
+        num_warps=cfg["amax_warps"],
+    )
+    if tile16:
+        bm, nb, warps = 16, cfg["tile16_nb"], cfg["tile16_warps"]
+    else:
+        bm, nb, warps = cfg["tensor_block_m"], cfg["tensor_nb"], cfg["tensor_warps"]
+    nb = min(nb, max(1, triton.next_power_of_2(nbk)))
+    _quant_tensor_kernel_v2[(triton.cdiv(m, bm), triton.cdiv(nbk, nb))](
+        xw,
+        dptr,
+        sptr,
+        qsw,
+        deqw,
+        amax,
+        nonfinite,
+        scratch,
+        rb,
+        m,
+        kw,
+        xw.stride(0),
+        BLOCK_M=bm,
+        NB=nb,
+        ALIGN4=align4,
+        TILE16=tile16,
+        num_warps=warps,
+        **flags,
+    )
+
+
 def quantize_nvfp4_triton(
     x: torch.Tensor,
     *,
@@ -514,6 +660,14 @@ def quantize_nvfp4_triton(
         if not per_token:
             amax.zero_()
             nonfinite.zero_()
+        return _finish(out)
+    if (
+        _IMPL == "v2"
+        and _bf16_words_ok(x, rbits)
+        and (not per_token or k // 2 <= 8192)
+        and _v2_outputs_ok(out, write_packed)
+    ):
+        _launch_bf16_v2(x, out, scales, per_token, tile16, rbits, write_packed, write_qs, write_deq, scratch)
         return _finish(out)
     if (
         _bf16_words_ok(x, rbits)

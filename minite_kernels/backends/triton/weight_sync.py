@@ -1,13 +1,30 @@
 """Weight sync: re-quantize every linear weight of a model after an optimizer step (report §6.5).
 
 The report measured 55 s of conversion and synchronization per step; here it is one amax pass plus one
-quantize pass per weight (``quantize.py``; NVFP4 per-tensor amax, 16x16 tiles by default, the recipe's
-weight format), with all output buffers allocated once. On CUDA the whole sequence of launches is
-captured once into a CUDA graph and replayed each step: the weights are updated in place by the optimizer,
-so the graph reads the new values; replay removes the ~2 launches x number-of-linears of CPU overhead.
+quantize pass (``quantize.py`` / ``quantize_bf16.py``; NVFP4 per-tensor amax, 16x16 tiles by default, the
+recipe's weight format) with all output buffers allocated once::
+
+    amax_g = max |W_g|                       (one grouped launch over all weights g)
+    W_g -> (codes, E4M3 tile scales, amax_g)   (one grouped launch over all weights, quantize.py formulas)
+
+Grouped (default, ``grouped=True``): the two launches cover the whole list. A device table holds, per
+weight, its base addresses (input, codes, scales, qs, deq, amax, nonfinite), shape and row stride, and the
+first index of its tiles in a flat work list; a tile map gives each program its weight (programs
+``start_g .. start_g + tiles_g - 1`` belong to weight g). Each amax program atomically maxes its partial
+amax into ``scratch[g]``; the quantize launch starts after the amax launch, so every weight's amax is final.
+This replaces 2 launches per weight (392 for Qwen3-1.7B's 196 linears, many of them small, each with its
+own ramp-up and tail) with 2 launches + 1 memset, and the kernels are the v2 formulation (whole 16-element
+blocks per thread, 8-byte code stores). ``chunk_bytes`` splits the list into consecutive chunks (amax +
+quantize per chunk) so that a chunk's second read can hit L2; ``grouped=False`` is the previous
+per-weight sequence (A/B timing). Weights the grouped kernels cannot take (not bf16, rows not 16-byte
+aligned, > 2^31 words) use the per-weight path.
+
+On CUDA the whole sequence is captured once into a CUDA graph and replayed each step: the weights are
+updated in place by the optimizer (their addresses must not change), so the graph reads the new values.
 
 Bytes per parameter and step: 2 (amax read) + 2 (quantize read) + 0.5625 (packed write) [+ 2 with the
-BF16 ``qs`` GEMM operand], reported by ``scripts/bench_weight_sync.py`` against the device copy bandwidth.
+BF16 ``qs`` GEMM operand], reported by ``scripts/bench_kernels.py`` against the device copy bandwidth.
+Worked example (Qwen3-1.7B, 1.41 B params): 4.5625 B/param = 6.43 GB per sync, i.e. 1.6 ms at 4 TB/s.
 
 Example::
 
@@ -18,7 +35,10 @@ Example::
 from __future__ import annotations
 
 import torch
+import triton
 
+from . import quantize as _q
+from ._common import interpret_mode
 from .quantize import QuantOut, quantize_nvfp4_triton
 
 
@@ -27,6 +47,8 @@ class WeightRequantizer:
 
     ``write_deq`` / ``write_qs`` also refresh the BF16 GEMM operands (dequantized values / exact ``q*s_b``) in
     the same launch; ``quantized`` holds one :class:`TritonNVFP4Tensor` per weight (same objects every step).
+    ``grouped`` (default: True, unless ``MINITE_TRITON_QUANT_IMPL=v1``) runs all weights in two launches;
+    ``chunk_bytes`` (grouped only) bounds the weight bytes per amax+quantize launch pair.
     """
 
     def __init__(
@@ -37,6 +59,8 @@ class WeightRequantizer:
         write_qs: bool = False,
         write_deq: bool = False,
         cuda_graph: bool = True,
+        grouped: bool | None = None,
+        chunk_bytes: int | None = None,
     ) -> None:
         from .backend import TritonNVFP4Tensor
 
@@ -50,10 +74,13 @@ class WeightRequantizer:
                 )
             if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
                 raise TypeError(f"weight {i} has dtype {w.dtype}; valid: bfloat16, float16, float32")
+        if chunk_bytes is not None and chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes={chunk_bytes}: must be a positive number of bytes, or None")
         self.weights = list(weights)
         self.tile16 = tile16
         self.write_qs = write_qs
         self.write_deq = write_deq
+        self.grouped = (_q._IMPL == "v2") if grouped is None else bool(grouped)
         dev = weights[0].device
         self._bufs: list[tuple[QuantOut, torch.Tensor]] = []
         for w in self.weights:
@@ -85,15 +112,130 @@ class WeightRequantizer:
         self.qs = [o.qs for o, _ in self._bufs]
         self._graph = None
         self._use_graph = bool(cuda_graph) and dev.type == "cuda"
+        self._groups: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, int, torch.Tensor]] = []
+        self._single = list(range(len(self.weights)))
+        self._scratch = None
+        if self.grouped:
+            self._build_groups(chunk_bytes)
 
     @property
     def num_params(self) -> int:
         return sum(w.numel() for w in self.weights)
 
+    @property
+    def num_launches(self) -> int:
+        """Kernel launches (and memsets) per sync."""
+        per_weight = 3 if self._single else 0  # scratch memset + amax + quantize (bf16 path)
+        return 2 * len(self._groups) + (1 if self._groups else 0) + per_weight * len(self._single)
+
+    @staticmethod
+    def _groupable(w: torch.Tensor) -> bool:
+        return (
+            w.dtype == torch.bfloat16
+            and w.stride(1) == 1
+            and w.stride(0) % 8 == 0
+            and w.data_ptr() % 16 == 0
+            and w.shape[0] * w.stride(0) // 2 < 2**31
+        )
+
+    def _build_groups(self, chunk_bytes: int | None) -> None:
+        cfg = _q.V2_CONFIG
+        idx = [i for i, w in enumerate(self.weights) if self._groupable(w)]
+        self._single = [i for i in range(len(self.weights)) if i not in set(idx)]
+        if not idx:
+            return
+        chunks: list[list[int]] = [[]]
+        size = 0
+        for i in idx:
+            nbytes = self.weights[i].numel() * 2
+            if chunk_bytes is not None and chunks[-1] and size + nbytes > chunk_bytes:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += nbytes
+        dev = self.weights[0].device
+        self._scratch = torch.zeros(len(idx), dtype=torch.int32, device=dev)
+        a_rows, a_w = cfg["amax_rows"], cfg["amax_block_w"]
+        q_bm = 16 if self.tile16 else cfg["tensor_block_m"]
+        q_nb = cfg["tile16_nb"] if self.tile16 else cfg["tensor_nb"]
+        first = 0
+        for chunk in chunks:
+            rows, a_counts, q_counts = [], [], []
+            a_start = q_start = 0
+            for i in chunk:
+                w = self.weights[i]
+                out, _ = self._bufs[i]
+                m, k = w.shape
+                kw = k // 2
+                a_tw, q_tw = triton.cdiv(kw, a_w), triton.cdiv(kw // 8, q_nb)
+                a_n, q_n = triton.cdiv(m, a_rows) * a_tw, triton.cdiv(m, q_bm) * q_tw
+                rows.append(
+                    [
+                        w.data_ptr(),
+                        out.data.data_ptr(),
+                        out.scales.data_ptr(),
+                        out.qs.data_ptr() if out.qs is not None else 0,
+                        out.deq.data_ptr() if out.deq is not None else 0,
+                        out.amax.data_ptr(),
+                        out.nonfinite.data_ptr(),
+                        m,
+                        kw,
+                        w.stride(0) // 2,
+                        q_tw,
+                        q_start,
+                        a_tw,
+                        a_start,
+                        0,
+                        0,
+                    ]
+                )
+                a_counts.append(a_n)
+                q_counts.append(q_n)
+                a_start += a_n
+                q_start += q_n
+            table = torch.tensor(rows, dtype=torch.int64, device=dev)
+            g = torch.arange(len(chunk), dtype=torch.int32, device=dev)
+            amap = torch.repeat_interleave(g, torch.tensor(a_counts, device=dev))
+            qmap = torch.repeat_interleave(g, torch.tensor(q_counts, device=dev))
+            scratch = self._scratch[first : first + len(chunk)]
+            self._groups.append((table, amap, a_start, qmap, q_start, scratch))
+            first += len(chunk)
+
+    def _run_grouped(self) -> None:
+        from .quantize_bf16 import _grouped_amax_kernel, _grouped_quant_kernel
+
+        cfg = _q.V2_CONFIG
+        self._scratch.zero_()
+        for table, amap, n_a, qmap, n_q, scratch in self._groups:
+            _grouped_amax_kernel[(n_a,)](
+                table,
+                amap,
+                scratch,
+                A_ROWS=cfg["amax_rows"],
+                BLOCK_M=cfg["amax_block_m"],
+                BLOCK_W=cfg["amax_block_w"],
+                num_warps=cfg["amax_warps"],
+            )
+            _grouped_quant_kernel[(n_q,)](
+                table,
+                qmap,
+                scratch,
+                BLOCK_M=16 if self.tile16 else cfg["tensor_block_m"],
+                NB=cfg["tile16_nb"] if self.tile16 else cfg["tensor_nb"],
+                TILE16=self.tile16,
+                WRITE_QS=self.write_qs,
+                WRITE_DEQ=self.write_deq,
+                RNE_INT=interpret_mode(),
+                num_warps=cfg["tile16_warps"] if self.tile16 else cfg["tensor_warps"],
+            )
+
     def _run(self) -> None:
-        for w, (out, scratch) in zip(self.weights, self._bufs):
+        if self._groups:
+            self._run_grouped()
+        for i in self._single:
+            out, scratch = self._bufs[i]
             quantize_nvfp4_triton(
-                w,
+                self.weights[i],
                 per_token=False,
                 tile16=self.tile16,
                 write_packed=True,
