@@ -316,16 +316,16 @@ def test_v1_and_v2_agree_byte_for_byte(tk):
 
 
 if _IN_INTERPRETER:
-    from minite_kernels.backends.triton.quantize_bf16 import _nibble, _rn_mag, _rn_parts
+    from minite_kernels.backends.triton.quantize_bf16 import _rn_mag, _rn_parts
 
     @triton.jit
     def _rn_kernel(y_ptr, c_ptr, v_ptr, n, BLOCK: tl.constexpr):
         o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = o < n
         y = tl.load(y_ptr + o, mask=m, other=0.0)
-        t, em = _rn_parts(tl.minimum(tl.abs(y), 6.0))
-        tl.store(c_ptr + o, _nibble(y, t, em), mask=m)
-        tl.store(v_ptr + o, _rn_mag(t, em), mask=m)
+        t, c, p = _rn_parts(tl.minimum(tl.abs(y), 6.0), y, True)
+        tl.store(c_ptr + o, t.to(tl.int32, bitcast=True) - 0x4B400000, mask=m)  # the signed code
+        tl.store(v_ptr + o, _rn_mag(t, c, p), mask=m)
 
 
 @_interp_only

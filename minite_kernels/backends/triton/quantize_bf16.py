@@ -352,19 +352,15 @@ def _quant_bf16_tensor_kernel(
 # ======================================================================================================
 # v2: whole 16-element blocks per thread, wide stores, grouped (multi-weight) kernels
 # ======================================================================================================
-MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer (RNE)
-NIB_C = tl.constexpr(0x4B400000 + 254)  # bits(MAGIC) + 2 * 127, folded into the nibble formula
+MAGIC_BITS = tl.constexpr(0x4B400000)  # bits of 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer (RNE)
+#: sum over the 8 codes of a 4-word half of the bits(MAGIC) offsets, at their nibble positions (mod 2^32)
+PACK_K = tl.constexpr(0x3F400000)  # 17 * 0x4B400000 * (1 + 2^8 + 2^16 + 2^24) mod 2^32
 
 
 @triton.jit
 def _max_nan(a, b):
     """max that propagates NaN (``max.NaN.f32``): a non-finite input must reach the amax."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _bit_or(a, b):
-    return a | b
 
 
 @triton.jit
@@ -376,32 +372,36 @@ def _pair_absmax(w):
 
 
 @triton.jit
-def _rn_parts(a):
-    """E2M1 round-to-nearest-even of ``a`` in [0, 6] by one magic add.
+def _rn_parts(a, y, SIGNED: tl.constexpr):
+    """E2M1 round-to-nearest-even of ``a`` in [0, 6] (sign from ``y``) by one FMA with a magic addend.
 
     With ``E = max(floor(log2 a), 0)`` (the exponent of ``max(a, 1)``, whose bits masked to the exponent
     field are ``p = (127 + E) << 23``) and ``m = 2^(1 - E)`` (2 below 2, 1 in [2, 4), 1/2 in [4, 6];
-    ``bits(m) = 0x7F800000 - p``) the E2M1 grid is the integer grid of ``a * m``, so
-    ``t = a * m + 1.5 * 2^23`` holds ``rint(a * m)`` in its low mantissa bits (``a * m`` is exact: a
-    power-of-two scaling). Then ``code = rint(a * m) + 2E`` and the rounded magnitude is ``rint(a * m) / m``.
-    Returns ``(t, p)``.
+    ``bits(m) = 0x7F800000 - p``) the E2M1 grid is the integer grid of ``a * m`` (exact: a power-of-two
+    scaling). The addend ``c = 1.5 * 2^23 + 2E + 8 * (y < 0)`` (bits ``0x4B400000 + (p >> 22) - 254 [+ 8]``)
+    is an even integer where the fp32 ulp is 1, so ``t = a * m + c`` rounds ``a * m`` to an integer with ties
+    to even, and ``bits(t) - 0x4B400000 = rint(a * m) + 2E + 8 * (y < 0)`` is the signed E2M1 code.
+    Returns ``(t, c, p)``; without ``SIGNED`` the 8 is left out.
     """
     p = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000
     m = (0x7F800000 - p).to(tl.float32, bitcast=True)
-    t = a * m + MAGIC
-    return t, p
+    cb = (p >> 22) + (MAGIC_BITS - 254)
+    if SIGNED:  # only the packed codes carry the sign here (qs/deq apply it to the magnitude)
+        cb = tl.where(y < 0.0, cb + 8, cb)
+    c = cb.to(tl.float32, bitcast=True)
+    t = a * m + c
+    return t, c, p
 
 
 @triton.jit
-def _rn_mag(t, p):
+def _rn_mag(t, c, p):
     """Rounded magnitude ``rint(a * m) / m`` (exact) from ``_rn_parts``: ``2^(E - 1)`` has bits ``p - 2^23``."""
-    return (t - MAGIC) * (p - 0x800000).to(tl.float32, bitcast=True)
+    return (t - c) * (p - 0x800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _nibble(y, t, p):
-    """Signed E2M1 code (0..15): ``bits(t) - bits(MAGIC) + 2E`` (``p >> 22 = 254 + 2E``), plus 8 where y < 0."""
-    return t.to(tl.int32, bitcast=True) + (p >> 22) + tl.where(y < 0.0, 8 - NIB_C, -NIB_C)
+def _add(a, b):
+    return a + b
 
 
 @triton.jit
@@ -468,18 +468,20 @@ def _encode_half(
     if SR:
         me = _sr_mag(tl.abs(ye), rb & 255)
         mo = _sr_mag(tl.abs(yo), (rb >> 8) & 255)
-        te, pe = _rn_parts(me)
-        to, po = _rn_parts(mo)
+        te, ce, pe = _rn_parts(me, ye, WRITE_PACKED)
+        to, co, po = _rn_parts(mo, yo, WRITE_PACKED)
     else:
-        te, pe = _rn_parts(tl.minimum(tl.abs(ye), 6.0))
-        to, po = _rn_parts(tl.minimum(tl.abs(yo), 6.0))
-        me = _rn_mag(te, pe)
-        mo = _rn_mag(to, po)
+        te, ce, pe = _rn_parts(tl.minimum(tl.abs(ye), 6.0), ye, WRITE_PACKED)
+        to, co, po = _rn_parts(tl.minimum(tl.abs(yo), 6.0), yo, WRITE_PACKED)
+        me = _rn_mag(te, ce, pe)
+        mo = _rn_mag(to, co, po)
     packed = 0
     if WRITE_PACKED:
-        byte = _nibble(ye, te, pe) | (_nibble(yo, to, po) << 4)
+        # byte of word j = code_even + 16 * code_odd = (bits(te) - B) + 16 * (bits(to) - B), at bits 8j; the
+        # constant offsets (B = bits(MAGIC)) are summed into PACK_K and removed once (no carries: byte <= 255)
+        byte = te.to(tl.int32, bitcast=True) + to.to(tl.int32, bitcast=True) * 16
         sh = tl.arange(0, 4) * 8
-        packed = tl.reduce(byte << sh[None, None, :], 2, _bit_or)
+        packed = tl.reduce(byte << sh[None, None, :], 2, _add) - PACK_K
     qsw = 0
     deqw = 0
     if WRITE_QS or WRITE_DEQ:
@@ -829,9 +831,9 @@ T_COLS = 16
 
 @triton.jit
 def _tab_ptr(row, col: tl.constexpr, ty: tl.constexpr):
-    """Pointer column of the table, 16-byte aligned (checked by the launcher; ``// 16 * 16`` tells the
+    """Pointer column of the table, 16-byte aligned (checked by the launcher; ``multiple_of`` tells the
     compiler so, for vector loads and stores)."""
-    return ((tl.load(row + col) // 16) * 16).to(tl.pointer_type(ty))
+    return tl.multiple_of(tl.load(row + col).to(tl.pointer_type(ty)), 16)
 
 
 @triton.jit

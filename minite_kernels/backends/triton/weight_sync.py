@@ -132,6 +132,7 @@ class WeightRequantizer:
     def _groupable(w: torch.Tensor) -> bool:
         return (
             w.dtype == torch.bfloat16
+            and w.shape[0] > 0
             and w.stride(1) == 1
             and w.stride(0) % 8 == 0
             and w.data_ptr() % 16 == 0
