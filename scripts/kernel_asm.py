@@ -37,10 +37,13 @@ def main() -> int:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
     for b, bn, bkw, nw, perm in ((1, 16, 64, 4, False), (4, 16, 64, 4, False), (16, 128, 32, 4, True)):
+        one = b > 4
         x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
         q = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
         xin = dec.permute_for_decode(q.qs) if perm else q.qs
-        dec.decode_linear(xin, q.amax, wd, ws, wa, block_n=bn, block_kw=bkw, num_warps=nw, x_perm=perm)
+        dec.decode_linear(
+            xin, q.amax, wd, ws, wa, block_n=bn, block_kw=bkw, num_warps=nw, x_perm=perm, one_dot=one
+        )
         ck = dec.LAST_KERNEL["v2"]
         name = f"b{b}_{bn}x{bkw}w{nw}{'p' if perm else ''}"
         sass = ck.asm.get("sass") or ""

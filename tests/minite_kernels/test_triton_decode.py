@@ -99,13 +99,34 @@ def _check_nonfinite() -> None:
     assert torch.equal(y[0], y0[0]) and y0.isfinite().all()
 
 
+def _check_decode_quantizer() -> None:
+    import minite_kernels.backends.triton as tk
+    from minite_kernels.backends.triton.decode import permute_for_decode, quantize_for_decode
+    from minite_kernels.formats import quantize_nvfp4
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for k in (80, 2560):  # 5 blocks (padded to 8 in the kernel), and a Qwen3-4B hidden size
+            x = _heavy(3, k, seed=k).to(dtype)
+            x[0, :16] = 0  # an all-zero block
+            x[1, 5] = -1e-30  # rounds to -0.0
+            x[2, 3] = float("nan")  # a poisoned row
+            out, qsp = quantize_for_decode(x)
+            ref = quantize_nvfp4(x.cpu(), scaling="per_token")
+            assert torch.equal(out.data.cpu(), ref.data)
+            assert torch.equal(out.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
+            assert torch.equal(out.amax.cpu().nan_to_num(-1.0), ref.amax.nan_to_num(-1.0))
+            q = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
+            assert torch.equal(qsp.view(torch.int16), permute_for_decode(q.qs).view(torch.int16))  # -0.0 too
+            assert out.nonfinite.tolist() == [False, False, True]
+
+
 def _check_backend_routing() -> None:
     import minite_kernels.backends.triton as tk
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.recipes import get_qlinear_params
 
     spec = get_qlinear_params("nvfp4_per_token_bf16_bwd").fprop
-    x, w = _heavy(4, 128, seed=3), _heavy(64, 128, seed=4)
+    x, w = _heavy(min(4, tk.DECODE_MAX_ROWS), 128, seed=3), _heavy(64, 128, seed=4)
     qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
     qw = type(qw)(**{f: (v.to(_DEV) if isinstance(v, torch.Tensor) else v) for f, v in vars(qw).items()})
     backend = tk.TritonBackend(_DEV)
@@ -115,11 +136,15 @@ def _check_backend_routing() -> None:
     )
     os.environ["MINITE_TRITON_DECODE"] = "auto"
     qx = backend.quantize(x, spec.a)
-    assert qx.qs is not None and qx.deq is None  # decode-sized: the exact operand is written
+    assert qx.qs_decode is not None and qx.deq is None  # decode-sized: qs laid out for the decode kernel
     y = backend.qgemm_nt(None, None, spec.a, spec.b, a_quantized=qx, b_quantized=qw, out_dtype=torch.float32)
     *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
     direct = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32)
-    assert torch.equal(y, direct)
+    assert _rel(direct, y) < 1e-6  # same products; the x_perm kernel sums in its own order
+    # the decode-sized quantized activation is a complete NVFP4 tensor for every other consumer
+    assert torch.equal(
+        qx.dequantize(torch.float32).cpu(), quantize_nvfp4(x.cpu(), scaling="per_token").dequantize()
+    )
     assert _rel(ref, y) < 1e-5
     try:
         os.environ["MINITE_TRITON_DECODE"] = "off"
@@ -161,12 +186,13 @@ def _check_bad_input() -> None:
 if torch.cuda.is_available():
 
     @pytest.mark.gpu
-    @pytest.mark.parametrize("n,k", [(1024, 2560), (2560, 9728), (96, 512)])
+    @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512)])
     def test_decode_gpu(n, k):
         _check_decode((1, 3, 4, 8, 16), n, k, (None, 1, 4))
 
     @pytest.mark.gpu
     def test_backend_routes_decode_gpu():
+        _check_decode_quantizer()
         _check_nonfinite()
         _check_backend_routing()
         _check_bad_input()
@@ -177,6 +203,7 @@ elif _IN_INTERPRETER:
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
     def test_backend_routes_decode_interpreted():
+        _check_decode_quantizer()
         _check_nonfinite()
         _check_backend_routing()
         _check_bad_input()

@@ -14,19 +14,22 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
 from __future__ import annotations
 
-from .backend import TritonBackend, TritonNVFP4Tensor, decode_mode
-from .decode import decode_linear
+from .backend import DECODE_MAX_ROWS, TritonBackend, TritonNVFP4Tensor, decode_mode
+from .decode import decode_linear, permute_for_decode, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .logprobs import logprobs_and_entropy, logprobs_and_entropy_torch
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
 from .weight_sync import WeightRequantizer
 
 __all__ = [
+    "DECODE_MAX_ROWS",
     "TritonBackend",
     "TritonNVFP4Tensor",
     "WeightRequantizer",
     "decode_linear",
     "decode_mode",
+    "permute_for_decode",
+    "quantize_for_decode",
     "dequantize_nvfp4_triton",
     "logprobs_and_entropy",
     "logprobs_and_entropy_torch",

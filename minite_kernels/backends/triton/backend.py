@@ -48,14 +48,14 @@ from minite_kernels.formats import NVFP4Tensor
 from minite_kernels.recipes import OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
-from .decode import decode_linear
+from .decode import decode_linear, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-DECODE_MAX_ROWS = 16
+DECODE_MAX_ROWS = 4
 
 
 # (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
@@ -92,6 +92,7 @@ class TritonNVFP4Tensor(NVFP4Tensor):
     qs: torch.Tensor | None = None
     deq: torch.Tensor | None = None
     qs_transient: bool = False
+    qs_decode: torch.Tensor | None = None  # qs in the decode kernel's plane-major layout [rows, 8, cols/8]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.deq is not None and dtype == torch.bfloat16:
@@ -301,9 +302,28 @@ class TritonBackend(Backend):
         per_token = spec.scaling == "per_token"
         if mode is None:
             mode = gemm_mode()
-        # decode-sized activations feed the packed decode kernel, which reads the exact qs operand
-        decode_rows = per_token and m <= DECODE_MAX_ROWS and decode_mode() == "auto"
-        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16 and not decode_rows
+        if (
+            per_token
+            and m <= DECODE_MAX_ROWS
+            and rbits is None
+            and not spec.rht
+            and x.stride(1) == 1
+            and decode_mode() == "auto"
+        ):  # decode-sized activations: one launch also lays qs out for the packed decode kernel
+            out, qs_decode = quantize_for_decode(x)
+            return TritonNVFP4Tensor(
+                data=out.data,
+                scales=out.scales,
+                amax=out.amax,
+                shape=orig_shape,
+                scaling=spec.scaling,
+                tile=tuple(spec.tile),
+                orig_dtype=orig_dtype,
+                nonfinite=out.nonfinite,
+                qs_transient=True,
+                qs_decode=qs_decode,
+            )
+        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
         out = quantize_nvfp4_triton(
             x,
             per_token=per_token,
@@ -344,8 +364,13 @@ class TritonBackend(Backend):
             )
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
         if _decode_ok(qa, qb):
-            qs = qa.exact_operand()
-            return decode_linear(qs, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype)
+            if qa.qs_decode is not None:
+                return decode_linear(
+                    qa.qs_decode, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype, x_perm=True
+                )
+            return decode_linear(
+                qa.exact_operand(), qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
+            )
         mode = gemm_mode()
         if mode == "dequant" and out_dtype == torch.bfloat16:
             return torch.mm(_dequant_operand(qa), _dequant_operand(qb).t())

@@ -25,7 +25,16 @@ import triton
 import triton.language as tl
 
 from ._common import INV_2688_SQ, interpret_mode
-from .quantize import _e2m1_value, _e4m3_decode
+from .quantize import (
+    FLT_MAX,
+    SIXTH,
+    QuantOut,
+    _e2m1_code_rn,
+    _e2m1_value,
+    _e4m3_decode,
+    _e4m3_rne,
+    _encode_scale,
+)
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
 
@@ -419,10 +428,11 @@ def decode_linear(
     if b == 0 or n == 0:
         return out
     bb = max(16, triton.next_power_of_2(b)) if use_dot else triton.next_power_of_2(b)
-    # defaults from the H200 block-size sweep (scripts/bench_kernels.py --decode-sweep)
-    bn = block_n or (64 if use_dot else 8)
+    # defaults from the H200 block-size sweep (scripts/bench_kernels.py --decode-sweep, benchmarks/RESULTS.md)
+    big = n * k >= (1 << 24)
+    bn = block_n or ((128 if big else 64) if use_dot else 8)
     kw = k // 8
-    bkw = min(block_kw or (16 if use_dot else 64), triton.next_power_of_2(kw))
+    bkw = min(block_kw or ((32 if big else 16) if use_dot else 64), triton.next_power_of_2(kw))
     nblocks = triton.cdiv(n, bn)
     if split is None:
         target = 2 * _num_sms(x_qs.device)
@@ -468,3 +478,77 @@ def permute_for_decode(x: torch.Tensor) -> torch.Tensor:
     ``decode_linear(x_perm=True)`` (nibble plane ``i`` of the packed weight words meets a contiguous row)."""
     b, k = x.shape
     return x.view(b, k // 8, 8).transpose(1, 2).contiguous()
+
+
+@triton.jit
+def _decode_act_quant_kernel(
+    x_ptr, qsp_ptr, data_ptr, scales_ptr, amax_ptr, nonfinite_ptr, K, stride_x, NB: tl.constexpr
+):
+    """One activation row per program, held whole in registers as [NB, 16] blocks: per-token NVFP4
+    quantization with the quantizer's arithmetic (``quantize.py``), writing the packed bytes, scales, amax
+    and nonfinite flag exactly as ``quantize_nvfp4_triton`` does, plus ``qs`` in the decode kernel's
+    plane-major layout (``qs_perm[r, k % 8, k // 8] = qs[r, k]``)."""
+    r = tl.program_id(0)
+    blk = tl.arange(0, NB)
+    k = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
+    m = k < K
+    x = tl.load(x_ptr + r * stride_x + k, mask=m, other=0.0).to(tl.float32)
+    bmax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    abits = tl.max(bmax_bits, axis=0)
+    bad = abits >= 0x7F800000  # inf/NaN: the row's amax is NaN, its codes 0 and scale bytes 0x7F
+    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
+    s_enc, s_dec = _encode_scale(amax)
+    vmax = tl.where(bad, 0, bmax_bits).to(tl.float32, bitcast=True)
+    s_b, sbyte = _e4m3_rne(tl.minimum(vmax * (s_enc * SIXTH), 448.0))
+    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    y = tl.where(bad, 0.0, x) * enc[:, None]
+    code = _e2m1_code_rn(tl.abs(y))
+    neg = y < 0.0
+    val = _e2m1_value(code) * s_b[:, None]
+    val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
+    KW = K // 8
+    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.bfloat16), mask=m)
+    c4 = code + tl.where(neg, 8, 0)
+    lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
+    kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(data_ptr + r * (K // 2) + kb, (lo | (hi << 4)).to(tl.uint8), mask=kb < K // 2)
+    tl.store(scales_ptr + r * (K // 16) + blk, tl.where(bad, 0x7F, sbyte).to(tl.uint8), mask=blk < K // 16)
+    tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
+    tl.store(nonfinite_ptr + r, bad)
+
+
+def quantize_for_decode(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
+    """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
+    K) for :func:`decode_linear`: the usual outputs (``data``, ``scales``, ``amax``, ``nonfinite``; bytes
+    identical to ``quantize_nvfp4_triton(x, per_token=True)``) and ``qs`` already in the plane-major
+    layout [B, 8, K/8] (``decode_linear(..., x_perm=True)``), in one launch."""
+    b, k = x.shape
+    if k % 16 or x.stride(1) != 1:
+        raise ValueError(
+            f"quantize_for_decode needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
+        )
+    dev = x.device
+    out = QuantOut(
+        torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
+        torch.empty((b, k // 16), dtype=torch.uint8, device=dev),
+        torch.empty((b,), dtype=torch.float32, device=dev),
+        torch.empty((b,), dtype=torch.bool, device=dev),
+        None,
+        None,
+    )
+    qsp = torch.empty((b, 8, k // 8), dtype=torch.bfloat16, device=dev)
+    if b:
+        nb = triton.next_power_of_2(k // 16)
+        _decode_act_quant_kernel[(b,)](
+            x,
+            qsp,
+            out.data,
+            out.scales,
+            out.amax,
+            out.nonfinite,
+            k,
+            x.stride(0),
+            NB=nb,
+            num_warps=4 if nb <= 256 else 8,
+        )
+    return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), qsp
