@@ -1,6 +1,8 @@
-"""Instruction mix of the decode kernels' compiled SASS (profiling aid for issue #6: why a kernel is slower
-than its memory traffic allows). Prints one JSON line per configuration: opcode counts of the whole kernel,
-registers, spills, and the Triton GPU IR layouts; writes the full SASS/TTGIR next to ``--out``.
+"""What the decode kernels compile to (profiling aid for issue #6: why a kernel is slower than its memory
+traffic allows). Prints one JSON line per configuration: registers, spills, the number of
+``ttg.convert_layout`` ops in the Triton GPU IR (each one a round trip through shared memory: eight per
+loop iteration was what made the first FMA formulation slow) and the PTX opcode mix; writes the TTGIR,
+PTX (and SASS where Triton provides it) into ``--out``.
 
     python scripts/kernel_asm.py --out /tmp/asm
 """
@@ -16,13 +18,13 @@ import re
 import torch
 
 
-def _mix(sass: str) -> dict:
+def _mix(ptx: str) -> dict:
     ops = collections.Counter()
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+    for line in ptx.splitlines():
+        m = re.match(r"\s+(?:@%p\d+\s+)?([a-z][a-z0-9]*)[.\s]", line)
         if m:
-            ops[m.group(1).split(".")[0]] += 1
-    return dict(ops.most_common())
+            ops[m.group(1)] += 1
+    return dict(ops.most_common(24))
 
 
 def main() -> int:
@@ -46,7 +48,7 @@ def main() -> int:
         )
         ck = dec.LAST_KERNEL["v2"]
         name = f"b{b}_{bn}x{bkw}w{nw}{'p' if perm else ''}"
-        sass = ck.asm.get("sass") or ""
+        ptx = ck.asm.get("ptx") or ""
         for ext in ("sass", "ttgir", "ptx"):
             with open(os.path.join(args.out, f"{name}.{ext}"), "w") as f:
                 f.write(ck.asm.get(ext, "") or "")
@@ -56,8 +58,8 @@ def main() -> int:
                     "kernel": name,
                     "n_regs": getattr(ck, "n_regs", None),
                     "n_spills": getattr(ck, "n_spills", None),
-                    "sass_lines": sass.count("\n"),
-                    "mix": _mix(sass),
+                    "convert_layouts": (ck.asm.get("ttgir") or "").count("ttg.convert_layout"),
+                    "ptx_mix": _mix(ptx),
                 }
             ),
             flush=True,

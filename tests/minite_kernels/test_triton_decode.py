@@ -116,7 +116,10 @@ def _check_decode_quantizer() -> None:
             assert torch.equal(out.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
             assert torch.equal(out.amax.cpu().nan_to_num(-1.0), ref.amax.nan_to_num(-1.0))
             q = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-            assert torch.equal(qsp.view(torch.int16), permute_for_decode(q.qs).view(torch.int16))  # -0.0 too
+            assert torch.equal(qsp, permute_for_decode(q.qs))
+            # signed zeros as the reference's dequantized values (-1e-30 -> -0.0)
+            ref_perm = permute_for_decode(ref.dequantize(torch.float32).to(_DEV))
+            assert torch.equal(torch.signbit(qsp), torch.signbit(ref_perm))
             assert out.nonfinite.tolist() == [False, False, True]
 
 
@@ -134,6 +137,9 @@ def _check_backend_routing() -> None:
         quantize_nvfp4(x.cpu(), scaling="per_token").dequantize().double()
         @ quantize_nvfp4(w.cpu(), tile=(16, 16)).dequantize().double().t()
     )
+    os.environ.pop("MINITE_TRITON_DECODE", None)
+    assert tk.decode_mode() == "off" and backend.quantize(x, spec.a).qs_decode is None  # opt-in for now
+    backend.clear_cache()
     os.environ["MINITE_TRITON_DECODE"] = "auto"
     qx = backend.quantize(x, spec.a)
     assert qx.qs_decode is not None and qx.deq is None  # decode-sized: qs laid out for the decode kernel

@@ -4,16 +4,28 @@ Report §2.2 / §5.1; the same contract as the W4A4 GEMM (``gemm.py``, notes §1
 
     y[b, n] = Σ_k (q_x s_x)[b, k] · (q_w s_w)[n, k] · amax_x[b] · amax_w / 2688²
 
-``x`` is quantized per token (``quantize.py``, exact ``qs_x = e2m1 * s_b`` in BF16); the weight is read as
-packed E2M1 bytes ``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter, 2 for BF16), decoded
-in registers to the exact ``q_w * s_w`` and multiplied with FP32 accumulation. The intended gain is reading
-3.56x fewer weight bytes than BF16; measured on the H200 the nibble decode is instruction-issue bound in this
-Triton formulation (about 10 integer/FP instructions per weight), so the kernel does not yet beat BF16
-cuBLAS except on the smallest shapes at batch 1 (benchmarks/RESULTS.md).
+``x`` is quantized per token (exact ``qs_x = e2m1 * s_b`` in BF16); the weight is read as packed E2M1 bytes
+``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter, 2 for BF16) as int32 words of 8 codes.
 
-Split-K: when there are few output rows (``N / BLOCK_N`` programs would leave SMs idle) the K range is
-split over ``SPLIT`` programs; each writes an FP32 partial and the last one to arrive (an atomic counter per
-row block, reset by that program, so no memset) sums the partials in a fixed order (deterministic).
+Decode (``impl="v2"``, default): nibble ``i`` of every word becomes an fp16 by bit placement alone -- sign to
+bit 15, the three magnitude bits ``e1 e0 m`` to bits 11..9 -- whose value is exactly ``e2m1 * 2^-14`` (codes
+with ``e = 0`` land on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnitude bits
+shifted to bits 13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of the
+compare/select chain of ``impl="v1"``; the powers of two go to the epilogue.
+
+- FMA path (B <= 4): one 2-D fp32 accumulator per activation row, in the layout the weight words are loaded
+  in; the 8 nibble products of a word are summed, then multiplied by the word's block scale.
+- Tensor-core path (B > 4): ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16 (normal
+  range [2^-17, 21]) and ``qs_x`` is exact in fp16 (<= 5 significant bits, range [2^-10, 2688]); FP32
+  accumulation.
+- ``x_perm``: the activations in plane-major order ``[B, 8, K/8]`` (``permute_for_decode``, or written that
+  way directly by ``quantize_for_decode``, one launch), so nibble plane ``i`` meets a contiguous row.
+- Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
+  to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
+
+Measured on the H200 (benchmarks/RESULTS.md): at batch 1 the kernel reads a Qwen3-4B block 1.32x faster
+than cuBLAS BF16 (k/v projections ~3x, the large ones ~1x); from 2 rows on it is slower than BF16, so the
+backend routes only single-row GEMMs here (and only with ``MINITE_TRITON_DECODE=auto``).
 
 Worked example: K = 16, x = w = ones: amax 1, s_b 448, q = 6 for both; acc = 16 * 2688²; y = 16.
 """

@@ -7,7 +7,8 @@ recipe's weight format) with all output buffers allocated once::
     amax_g = max |W_g|                       (one grouped launch over all weights g)
     W_g -> (codes, E4M3 tile scales, amax_g)   (one grouped launch over all weights, quantize.py formulas)
 
-Grouped (default, ``grouped=True``): the two launches cover the whole list. A device table holds, per
+Grouped (``grouped=True``; the default when ``MINITE_TRITON_QUANT_IMPL=v2``): the two launches cover the
+whole list. A device table holds, per
 weight, its base addresses (input, codes, scales, qs, deq, amax, nonfinite), shape and row stride, and the
 first index of its tiles in a flat work list; a tile map gives each program its weight (programs
 ``start_g .. start_g + tiles_g - 1`` belong to weight g). Each amax program atomically maxes its partial
@@ -25,6 +26,8 @@ updated in place by the optimizer (their addresses must not change), so the grap
 Bytes per parameter and step: 2 (amax read) + 2 (quantize read) + 0.5625 (packed write) [+ 2 with the
 BF16 ``qs`` GEMM operand], reported by ``scripts/bench_kernels.py`` against the device copy bandwidth.
 Worked example (Qwen3-1.7B, 1.41 B params): 4.5625 B/param = 6.43 GB per sync, i.e. 1.6 ms at 4 TB/s.
+Measured on the H200 (benchmarks/RESULTS.md): per weight 3.37 ms (v1), grouped 2.19 ms (1.56 ms per
+billion parameters, 74% of the copy bandwidth on this traffic).
 
 Example::
 
@@ -47,7 +50,8 @@ class WeightRequantizer:
 
     ``write_deq`` / ``write_qs`` also refresh the BF16 GEMM operands (dequantized values / exact ``q*s_b``) in
     the same launch; ``quantized`` holds one :class:`TritonNVFP4Tensor` per weight (same objects every step).
-    ``grouped`` (default: True, unless ``MINITE_TRITON_QUANT_IMPL=v1``) runs all weights in two launches;
+    ``grouped`` (default: True when ``MINITE_TRITON_QUANT_IMPL=v2``, whose kernels it uses; the default
+    ``v1`` keeps the per-weight sequence until v2 has passed its GPU tests) runs all weights in two launches;
     ``chunk_bytes`` (grouped only) bounds the weight bytes per amax+quantize launch pair.
     """
 
