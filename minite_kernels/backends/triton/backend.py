@@ -307,6 +307,7 @@ class TritonBackend(Backend):
         per_token = spec.scaling == "per_token"
         if mode is None:
             mode = gemm_mode()
+        qs_decode = None
         if (
             per_token
             and m <= DECODE_MAX_ROWS
@@ -316,29 +317,17 @@ class TritonBackend(Backend):
             and decode_mode() == "auto"
         ):  # decode-sized activations: one launch also lays qs out for the packed decode kernel
             out, qs_decode = quantize_for_decode(x)
-            return TritonNVFP4Tensor(
-                data=out.data,
-                scales=out.scales,
-                amax=out.amax,
-                shape=orig_shape,
-                scaling=spec.scaling,
-                tile=tuple(spec.tile),
-                orig_dtype=orig_dtype,
-                nonfinite=out.nonfinite,
-                qs_transient=True,
-                qs_decode=qs_decode,
+        else:
+            want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
+            out = quantize_nvfp4_triton(
+                x,
+                per_token=per_token,
+                tile16=spec.tile == (16, 16),
+                rbits=rbits,
+                write_packed=True,
+                write_qs=not want_deq,
+                write_deq=want_deq,
             )
-        want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
-        out = quantize_nvfp4_triton(
-            x,
-            per_token=per_token,
-            tile16=spec.tile == (16, 16),
-            rbits=rbits,
-            write_packed=True,
-            write_qs=not want_deq,
-            write_deq=want_deq,
-        )
-        transient = per_token or spec.stochastic_rounding or spec.rht
         return TritonNVFP4Tensor(
             data=out.data,
             scales=out.scales,
@@ -352,7 +341,8 @@ class TritonBackend(Backend):
             nonfinite=out.nonfinite,
             qs=out.qs,
             deq=out.deq,
-            qs_transient=transient,
+            qs_transient=per_token or spec.stochastic_rounding or spec.rht,
+            qs_decode=qs_decode,
         )
 
     def _gemm(self, qa, qb, a_spec, b_spec, *, out_dtype: torch.dtype) -> torch.Tensor:

@@ -59,6 +59,37 @@ def _nibble_value(c):
 
 
 @triton.jit
+def _splitk_finish(
+    out_ptr,
+    part_ptr,
+    cnt_ptr,
+    pid_n,
+    offs_n,
+    nmask,
+    N,
+    B,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """After this program stored its FP32 partial: the last of the SPLIT programs of a row block to arrive
+    (atomic counter, acquire-release) sums the partials in split order and resets the counter."""
+    offs_b = tl.arange(0, BLOCK_B)
+    omask = nmask[:, None] & (offs_b < B)[None, :]
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+    if arrived == SPLIT - 1:
+        tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+        for s_idx in tl.static_range(SPLIT):
+            pp = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
+            tot += tl.load(pp, mask=omask, other=0.0, cache_modifier=".cg")
+        tl.store(
+            out_ptr + offs_b[None, :] * N + offs_n[:, None], tot.to(out_ptr.dtype.element_ty), mask=omask
+        )
+        tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@triton.jit
 def _decode_linear_kernel(
     x_ptr,
     xamax_ptr,
@@ -131,15 +162,7 @@ def _decode_linear_kernel(
     else:
         pptrs = part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
         tl.store(pptrs, res, mask=omask)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:
-            tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-            for s_idx in tl.static_range(SPLIT):
-                pp = part_ptr + (s_idx * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
-                tot += tl.load(pp, mask=omask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+        _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
 
 @triton.jit
@@ -357,21 +380,7 @@ def _decode_linear_kernel_v2(
                 SPLIT,
             )
     if SPLIT > 1:
-        offs_b2 = tl.arange(0, BLOCK_B)
-        omask2 = nmask[:, None] & (offs_b2 < B)[None, :]
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:
-            tot = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-            for s_idx in tl.static_range(SPLIT):
-                pp = part_ptr + (s_idx * BLOCK_B + offs_b2[None, :]) * N + offs_n[:, None]
-                tot += tl.load(pp, mask=omask2, other=0.0, cache_modifier=".cg")
-            tl.store(
-                out_ptr + offs_b2[None, :] * N + offs_n[:, None],
-                tot.to(out_ptr.dtype.element_ty),
-                mask=omask2,
-            )
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+        _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

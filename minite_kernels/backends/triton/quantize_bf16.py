@@ -395,7 +395,8 @@ def _rn_parts(a, y, SIGNED: tl.constexpr):
 
 @triton.jit
 def _rn_mag(t, c, p):
-    """Rounded magnitude ``rint(a * m) / m`` (exact) from ``_rn_parts``: ``2^(E - 1)`` has bits ``p - 2^23``."""
+    """Rounded magnitude ``rint(a * m) / m`` (exact) from ``_rn_parts``: ``2^(E - 1)`` has bits
+    ``p - 2^23``."""
     return (t - c) * (p - 0x800000).to(tl.float32, bitcast=True)
 
 
@@ -521,8 +522,8 @@ def _quant_blocks(
     WRITE_DEQ: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
-    """Encode and store the two halves given per-block (s_b, enc, f) [BM, NB]; ``bad2``/``bad3`` (broadcastable
-    to [BM, NB] / [BM, NB, 4]) mark poisoned scaling domains: codes 0, qs 0, deq NaN there."""
+    """Encode and store the two halves given per-block (s_b, enc, f) [BM, NB]; ``bad2``/``bad3``
+    (broadcastable to [BM, NB] / [BM, NB, 4]) mark poisoned scaling domains: codes 0, qs 0, deq NaN there."""
     p_lo, q_lo, d_lo = _encode_half(
         lo,
         rb_lo,
