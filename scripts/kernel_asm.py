@@ -1,10 +1,13 @@
-"""What the decode kernels compile to (profiling aid for issue #6: why a kernel is slower than its memory
-traffic allows). Prints one JSON line per configuration: registers, spills, the number of
-``ttg.convert_layout`` ops in the Triton GPU IR (each one a round trip through shared memory: eight per
-loop iteration was what made the first FMA formulation slow) and the PTX opcode mix; writes the TTGIR,
-PTX (and SASS where Triton provides it) into ``--out``.
+"""What the decode kernels compile to, without a GPU (profiling aid for issue #6: why a kernel is slower than
+its memory traffic allows).
 
-    python scripts/kernel_asm.py --out /tmp/asm
+Compiles ``decode._decode_linear_kernel_v2`` for sm_90 with Triton's bundled ptxas (no device needed) and
+prints one JSON line per configuration: the number of ``ttg.convert_layout`` ops in the Triton GPU IR inside
+the main loop (each one a round trip through shared memory; the first FMA formulation had eight per
+iteration, which is what made it slow on the H200) and the PTX opcode mix. The TTGIR and PTX are written to
+``--out``.
+
+    python scripts/kernel_asm.py --out /tmp/kernel_asm [--arch 90]
 """
 
 from __future__ import annotations
@@ -15,51 +18,95 @@ import json
 import os
 import re
 
-import torch
+#: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
+CONFIGS = (
+    (1, 8, 64, 4, True, False, False),
+    (2, 8, 64, 4, True, False, False),
+    (4, 8, 64, 4, True, False, False),
+    (4, 8, 64, 4, False, False, False),
+    (16, 64, 16, 4, True, True, False),
+    (16, 128, 32, 4, True, True, False),
+    (64, 128, 32, 4, True, True, True),
+)
+_TYPES = {
+    "x_ptr": "*bf16",
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+    "kw_per_split": "i32",
+}
 
 
-def _mix(ptx: str) -> dict:
+def _ptx_mix(ptx: str) -> dict:
     ops = collections.Counter()
     for line in ptx.splitlines():
         m = re.match(r"\s+(?:@%p\d+\s+)?([a-z][a-z0-9]*)[.\s]", line)
         if m:
             ops[m.group(1)] += 1
-    return dict(ops.most_common(24))
+    return dict(ops.most_common(16))
+
+
+def _loop_conversions(ttgir: str) -> int:
+    depth, count = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and line.strip().startswith("scf.yield"):
+            depth -= 1
+        elif depth and "ttg.convert_layout" in line:
+            count += 1
+    return count
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="kernel_asm")
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability to compile for (90: Hopper)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    from minite_kernels.backends.triton import decode as dec
-    from minite_kernels.backends.triton import quantize_nvfp4_triton
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
 
-    n, k = 9728, 2560
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
-    for b, bn, bkw, nw, perm in ((1, 16, 64, 4, False), (4, 16, 64, 4, False), (16, 128, 32, 4, True)):
-        one = b > 4
-        x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
-        q = quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-        xin = dec.permute_for_decode(q.qs) if perm else q.qs
-        dec.decode_linear(
-            xin, q.amax, wd, ws, wa, block_n=bn, block_kw=bkw, num_warps=nw, x_perm=perm, one_dot=one
-        )
-        ck = dec.LAST_KERNEL["v2"]
-        name = f"b{b}_{bn}x{bkw}w{nw}{'p' if perm else ''}"
-        ptx = ck.asm.get("ptx") or ""
-        for ext in ("sass", "ttgir", "ptx"):
+    from minite_kernels.backends.triton import decode as dec
+
+    kern = dec._decode_linear_kernel_v2
+    names = kern.arg_names
+    for bb, bn, bkw, warps, perm, use_dot, one_dot in CONFIGS:
+        const = {
+            "BLOCK_N": bn,
+            "BLOCK_KW": bkw,
+            "BLOCK_B": bb,
+            "SPLIT": 1,
+            "USE_DOT": use_dot,
+            "DOT_F32": False,
+            "X_PERM": perm,
+            "ONE_DOT": one_dot,
+        }
+        sig = {n: _TYPES.get(n, "constexpr") for n in names}
+        src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()})
+        ck = triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options={"num_warps": warps})
+        name = f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}"
+        for ext in ("ttgir", "ptx"):
             with open(os.path.join(args.out, f"{name}.{ext}"), "w") as f:
                 f.write(ck.asm.get(ext, "") or "")
+        ttgir = ck.asm.get("ttgir") or ""
         print(
             json.dumps(
                 {
                     "kernel": name,
-                    "n_regs": getattr(ck, "n_regs", None),
-                    "n_spills": getattr(ck, "n_spills", None),
-                    "convert_layouts": (ck.asm.get("ttgir") or "").count("ttg.convert_layout"),
-                    "ptx_mix": _mix(ptx),
+                    "arch": args.arch,
+                    "convert_layouts_in_loop": _loop_conversions(ttgir),
+                    "convert_layouts_total": ttgir.count("ttg.convert_layout"),
+                    "shared_mem_bytes": getattr(ck.metadata, "shared", None),
+                    "ptx_mix": _ptx_mix(ck.asm.get("ptx") or ""),
                 }
             ),
             flush=True,

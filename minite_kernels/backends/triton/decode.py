@@ -384,8 +384,6 @@ def _decode_linear_kernel_v2(
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-#: the compiled kernel of the last launch per impl (``scripts/kernel_asm.py`` reads its SASS)
-LAST_KERNEL: dict[str, object] = {}
 
 
 def _workspace(device: torch.device, split: int, bb: int, n: int, nblocks: int):
@@ -466,7 +464,7 @@ def decode_linear(
     if one_dot and not x_perm:
         raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
     extra = {"X_PERM": x_perm, "ONE_DOT": one_dot and use_dot} if impl == "v2" else {}
-    LAST_KERNEL[impl] = _IMPLS[impl][(nblocks, split)](
+    _IMPLS[impl][(nblocks, split)](
         x_qs,
         x_amax,
         w_data.view(torch.int32),
