@@ -309,11 +309,22 @@ def _decode_linear_kernel_v2(
         acc3 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
         for kk in range(0, kw_per_split, BLOCK_KW):
             kw = kw_start + kk + tl.arange(0, BLOCK_KW)
+            kb = (kw_start + kk) // 2 + tl.arange(0, BLOCK_KW // 2)
             kmask = kw < KW
-            wmask = nmask[:, None] & kmask[None, :]
-            wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
-            sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
-            s = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
+            wd = tl.load(
+                w_ptr + offs_n[:, None] * KW + kw[None, :], mask=nmask[:, None] & kmask[None, :], other=0
+            )
+            sb2 = tl.load(
+                ws_ptr + offs_n[:, None] * (K // 16) + kb[None, :],
+                mask=nmask[:, None] & (kb < K // 16)[None, :],
+                other=0,
+            )
+            # the tile's block scales as [BN, BKW/2] contiguous bytes, each repeated for its two words (join +
+            # reshape): that lands them in the words' register layout. Loaded per word (address kw // 2) they
+            # got a layout of their own, and Triton moved every row's partial sum into it through shared
+            # memory each iteration (scripts/kernel_asm.py: 1, 2, 4 conversions per iteration at B = 1, 2, 4)
+            sb2 = _fp16_scale(sb2.to(tl.int32)).to(tl.float32)
+            s = tl.reshape(tl.join(sb2, sb2), [BLOCK_N, BLOCK_KW])
             acc0 += _row_partial(wd, s, x_ptr, 0, K, kw, kmask, B, X_PERM)
             if BLOCK_B > 1:
                 acc1 += _row_partial(wd, s, x_ptr, 1, K, kw, kmask, B, X_PERM)
