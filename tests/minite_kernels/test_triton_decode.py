@@ -178,6 +178,19 @@ def _check_bad_input() -> None:
             a[:1],
         )
     x = torch.zeros(2, 32, dtype=torch.bfloat16, device=_DEV)
+    w8, s8 = (
+        torch.zeros(8, 16, dtype=torch.uint8, device=_DEV),
+        torch.zeros(8, 2, dtype=torch.uint8, device=_DEV),
+    )
+    xp = tk.permute_for_decode(x)
+    with pytest.raises(ValueError, match="needs impl='v2'"):
+        tk.decode_linear(xp, a, w8, s8, a[:1], x_perm=True, impl="v1")
+    with pytest.raises(ValueError, match="one_dot=True.*x_perm=True"):
+        tk.decode_linear(x, a, w8, s8, a[:1], one_dot=True)
+    with pytest.raises(ValueError, match=r"\[B, 8, K/8\]"):
+        tk.decode_linear(x, a, w8, s8, a[:1], x_perm=True)
+    with pytest.raises(ValueError, match="K=48"):
+        tk.decode_linear(torch.zeros(2, 48, dtype=torch.bfloat16, device=_DEV), a, w8, s8, a[:1])
     with pytest.raises(ValueError, match="impl='v3'.*v1.*v2"):
         tk.decode_linear(
             x,

@@ -439,6 +439,10 @@ def decode_linear(
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
     if impl not in _IMPLS:
         raise ValueError(f"decode_linear: impl={impl!r} is not valid; choose one of {sorted(_IMPLS)}")
+    if one_dot and not x_perm:
+        raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
+    if impl == "v1" and x_perm:
+        raise ValueError("decode_linear(x_perm=True) needs impl='v2' (v1 reads the natural activation order)")
     if x_perm:
         if x_qs.dim() != 3 or x_qs.shape[1] != 8:
             raise ValueError(f"decode_linear(x_perm=True) takes x as [B, 8, K/8]; got {tuple(x_qs.shape)}")
@@ -472,8 +476,6 @@ def decode_linear(
     kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
     split = triton.cdiv(kw, kw_per_split)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
-    if one_dot and not x_perm:
-        raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
     extra = {"X_PERM": x_perm, "ONE_DOT": one_dot and use_dot} if impl == "v2" else {}
     _IMPLS[impl][(nblocks, split)](
         x_qs,
