@@ -144,7 +144,8 @@ class WeightRequantizer:
         )
 
     def _build_groups(self, chunk_bytes: int | None) -> None:
-        cfg = _q.V2_CONFIG
+        # the tile maps below depend on the launch sizes: keep the ones they were built with
+        self._cfg = cfg = dict(_q.V2_CONFIG)
         idx = [i for i, w in enumerate(self.weights) if self._groupable(w)]
         self._single = [i for i in range(len(self.weights)) if i not in set(idx)]
         if not idx:
@@ -209,7 +210,7 @@ class WeightRequantizer:
     def _run_grouped(self) -> None:
         from .quantize_bf16 import _grouped_amax_kernel, _grouped_quant_kernel
 
-        cfg = _q.V2_CONFIG
+        cfg = self._cfg
         self._scratch.zero_()
         for table, amap, n_a, qmap, n_q, scratch in self._groups:
             _grouped_amax_kernel[(n_a,)](
