@@ -20,6 +20,8 @@ import json
 import os
 import re
 
+#: the activations as the backend passes them (``quantize_for_decode`` writes fp16 ``qs``)
+X_DTYPE = "*fp16"
 #: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
 CONFIGS = (
     (1, 8, 64, 4, True, False, False),
@@ -31,7 +33,7 @@ CONFIGS = (
     (64, 128, 32, 4, True, True, True),
 )
 _TYPES = {
-    "x_ptr": "*bf16",
+    "x_ptr": X_DTYPE,
     "xamax_ptr": "*fp32",
     "w_ptr": "*i32",
     "ws_ptr": "*u8",

@@ -63,6 +63,11 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 permute_for_decode(xqs), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
             )
             assert torch.equal(yp, ys["v2"]), (b, split)
+            # fp16 activations (what quantize_for_decode writes) are the same exact values: same bits
+            yh = tk.decode_linear(
+                permute_for_decode(xqs).half(), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
+            )
+            assert torch.equal(yh, yp), (b, split)
             if b > 4:  # tensor-core path with all 8 nibble planes in one MMA operand
                 yo = tk.decode_linear(
                     permute_for_decode(xqs),
@@ -116,7 +121,8 @@ def _check_decode_quantizer() -> None:
             assert torch.equal(out.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
             assert torch.equal(out.amax.cpu().nan_to_num(-1.0), ref.amax.nan_to_num(-1.0))
             q = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-            assert torch.equal(qsp, permute_for_decode(q.qs))
+            assert qsp.dtype == torch.float16  # exact, like the bf16 qs
+            assert torch.equal(qsp.float(), permute_for_decode(q.qs).float())
             # signed zeros as the reference's dequantized values (-1e-30 -> -0.0)
             ref_perm = permute_for_decode(ref.dequantize(torch.float32).to(_DEV))
             assert torch.equal(torch.signbit(qsp), torch.signbit(ref_perm))

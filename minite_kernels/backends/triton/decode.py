@@ -431,9 +431,9 @@ def decode_linear(
     x_perm: bool = False,
     one_dot: bool = False,
 ) -> torch.Tensor:
-    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 [B, K] = e2m1 * s_b, ``x_amax``
-    fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales`` e4m3/u8 [N, K/16],
-    ``w_amax`` [1]).
+    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 or fp16 [B, K] = e2m1 * s_b, exact
+    in both; ``x_amax`` fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2],
+    ``w_scales`` e4m3/u8 [N, K/16], ``w_amax`` [1]).
 
     ``x_perm=True``: ``x_qs`` is ``permute_for_decode(qs)`` [B, 8, K/8].
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
@@ -539,7 +539,7 @@ def _decode_act_quant_kernel(
     val = _e2m1_value(code) * s_b[:, None]
     val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
     KW = K // 8
-    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.bfloat16), mask=m)
+    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
     c4 = code + tl.where(neg, 8, 0)
     lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
     kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
@@ -553,7 +553,11 @@ def quantize_for_decode(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
     """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
     K) for :func:`decode_linear`: the usual outputs (``data``, ``scales``, ``amax``, ``nonfinite``; bytes
     identical to ``quantize_nvfp4_triton(x, per_token=True)``) and ``qs`` already in the plane-major
-    layout [B, 8, K/8] (``decode_linear(..., x_perm=True)``), in one launch."""
+    layout [B, 8, K/8] (``decode_linear(..., x_perm=True)``), in one launch. ``qs`` is stored in fp16, where
+    it is exact like in bf16 (<= 5 significant bits, magnitudes in [2^-10, 2688]): the tensor-core path then
+    feeds it to the MMA straight from its asynchronous copy into shared memory, instead of converting it in
+    registers and storing it again (``scripts/kernel_asm.py``: 8 instead of 16 shared-memory stores per
+    loop iteration)."""
     b, k = x.shape
     if k % 16 or x.stride(1) != 1:
         raise ValueError(
@@ -568,7 +572,7 @@ def quantize_for_decode(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
         None,
         None,
     )
-    qsp = torch.empty((b, 8, k // 8), dtype=torch.bfloat16, device=dev)
+    qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=dev)
     if b:
         nb = triton.next_power_of_2(k // 16)
         _decode_act_quant_kernel[(b,)](
