@@ -133,7 +133,8 @@ class TrainerConfig:
     save_final: bool = True
     log_samples: int = 2  # responses per step appended to <output_dir>/samples.jsonl (0 = off)
     # torch CPU threads; None = auto: torch's default, or 1 when the 1-min load average already fills the cores
-    # (OpenMP threads on an oversubscribed CPU stall at every barrier: measured 6.6x slower decode at 2 threads)
+    # (OpenMP threads on an oversubscribed CPU stall at every barrier: measured 6.6x slower decode at 2 threads);
+    # a resumed run keeps the interrupted run's count (float reductions depend on it)
     cpu_threads: int | None = None
 
 

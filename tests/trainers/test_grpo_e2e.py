@@ -109,6 +109,20 @@ def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, _helper
     assert uninterrupted == b
 
 
+def test_resume_keeps_the_interrupted_runs_cpu_threads(tiny_model_dir, tmp_path):
+    out = tmp_path / "threads"
+    before = torch.get_num_threads()
+    run_local(load_config(["recipe=bf16", "trainer.max_steps=1", "trainer.cpu_threads=1",
+                           "reward.fn=reward_helpers:length_reward", *_args(tiny_model_dir, out)]))
+    torch.set_num_threads(2)  # e.g. the machine is idle now, so the default would pick more threads
+    trainer = LocalTrainer(load_config(["recipe=bf16", "trainer.max_steps=2",
+                                        "reward.fn=reward_helpers:length_reward", *_args(tiny_model_dir, out)]))
+    trainer.setup()
+    assert trainer.start_step == 1 and trainer.cpu_threads == 1 == torch.get_num_threads()
+    assert json.loads((out / "run_meta.json").read_text())["cpu_threads"] == 1
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, uninterrupted):
     """A real `kill -9` of `python -m trainers.grpo` mid-run, then trainer.resume=auto."""

@@ -192,7 +192,7 @@ class LocalTrainer:
                                               mini_batch_size=group // cfg.algorithm.mini_batches,
                                               n=cfg.rollout.n)
         self.diag_cfg = A.triage_config(cfg.algorithm)
-        self.state = {"nan_skipped_total": 0, "consecutive_nan": 0, "run_id": None}
+        self.state = {"nan_skipped_total": 0, "consecutive_nan": 0, "run_id": None, "cpu_threads": self.cpu_threads}
         self.start_step = 0
         ckpt = None
         if cfg.trainer.resume == "auto":
@@ -202,6 +202,11 @@ class LocalTrainer:
         if ckpt is not None:
             st = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
             self.state.update({k: st[k] for k in self.state if k in st})
+            if cfg.trainer.cpu_threads is None and self.state["cpu_threads"] != self.cpu_threads:
+                # float reductions depend on the thread count: keep the interrupted run's, so that the resumed
+                # steps reproduce what an uninterrupted run would have computed
+                self.cpu_threads = choose_cpu_threads(self.state["cpu_threads"], self.device)
+            self.state["cpu_threads"] = self.cpu_threads
             self.start_step = int(st["step"])
             print(f"[trainers] resumed from {ckpt} (step {self.start_step})", file=sys.stderr)
         self.state["run_id"] = self.state["run_id"] or uuid.uuid4().hex[:12]
