@@ -11,9 +11,11 @@ for all weights) and grouped in L2-sized chunks.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
+from bench_kernels import _copy_gbps, _qwen3_1p7b_weights  # scripts/ is on sys.path when run as a script
 from triton.testing import do_bench
 
 from minite_kernels.backends.triton import WeightRequantizer
@@ -26,9 +28,8 @@ def emit(**rec) -> None:
 
 def main() -> int:
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
     n = x.numel()
-    copy_gbps = 4 * n / do_bench(lambda: y.copy_(x)) / 1e6
+    copy_gbps = _copy_gbps(argparse.Namespace())
     emit(bench="copy", GBps=copy_gbps)
     packed = 2 * n + n // 2 + n // 16
     cases = {
@@ -72,17 +73,8 @@ def main() -> int:
         )
     Q.V2_CONFIG.clear()
     Q.V2_CONFIG.update(default)
-    x = y = None
-    shapes = [
-        (2048, 2048),
-        (1024, 2048),
-        (1024, 2048),
-        (2048, 2048),
-        (6144, 2048),
-        (6144, 2048),
-        (2048, 6144),
-    ]
-    ws = [(torch.randn(a, b, device="cuda") * 0.02).bfloat16() for _ in range(28) for a, b in shapes]
+    x = None
+    ws = _qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
     variants = (
         ("v1", {}),

@@ -1,7 +1,7 @@
 """What the decode kernels compile to, without a GPU (profiling aid for issue #6: why a kernel is slower than
 its memory traffic allows).
 
-Compiles ``decode._decode_linear_kernel_v2`` for sm_90 with Triton's bundled ptxas (no device needed) and
+Compiles ``decode._decode_linear_kernel`` for sm_90 with Triton's bundled ptxas (no device needed) and
 prints one JSON line per configuration: the number of ``ttg.convert_layout`` and ``ttg.local_alloc`` ops in
 the Triton GPU IR inside the main loop (each one a round trip through shared memory; the first FMA
 formulation had eight per iteration, which is what made it slow on the H200) and the PTX opcode mix. The
@@ -85,7 +85,7 @@ def main() -> int:
 
     from minite_kernels.backends.triton import decode as dec
 
-    kern = dec._decode_linear_kernel_v2
+    kern = dec._decode_linear_kernel
     names = kern.arg_names
     for bb, bn, bkw, warps, perm, use_dot, one_dot in CONFIGS:
         const = {

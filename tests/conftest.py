@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,26 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> pathlib.Path:
     return QWEN3_TOKENIZER_DIR
+
+
+@pytest.fixture(scope="session")
+def run_interpreted():
+    """Run a test file again in a process with ``TRITON_INTERPRET=1`` and return its pytest output.
+
+    ``triton.jit`` decides when a kernel is defined (also for triton's own library functions) whether it is
+    interpreted, so the CPU runs of the Triton kernels need a process that imports triton with the variable
+    set. The call fails the calling test if that run fails or passes nothing."""
+
+    def run(path: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider"],
+            env=dict(os.environ, TRITON_INTERPRET="1"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert " passed" in proc.stdout, proc.stdout[-2000:]
+        return proc.stdout
+
+    return run

@@ -2,16 +2,14 @@
 
 On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess, tiny shapes);
 on a GPU the compiled kernels (``-m gpu``). Both compare with the FP64 product of the reference dequantized
-operands (``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs), the two kernel
-formulations (``impl="v1"``: compare/select nibble decode, ``"v2"``: fp16 bit-pattern decode) with each
-other, and the BF16 output with the FP32 one rounded to nearest-even (bit-equal).
+operands (``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs), the activation
+layouts with each other (natural, plane-major bf16 and fp16: bit-equal), and the BF16 output with the FP32
+one rounded to nearest-even (bit-equal).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -52,17 +50,13 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
             x[:b], per_token=True, write_packed=False, write_qs=True
         )
         for split in splits:
-            ys = {
-                impl: tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split, impl=impl)
-                for impl in ("v1", "v2")
-            }
-            for impl, y in ys.items():
-                assert _rel(ref, y) < 1e-5, (b, split, impl, _rel(ref, y))
+            y = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split)
+            assert _rel(ref, y) < 1e-5, (b, split, _rel(ref, y))
             # the permuted activation layout reads the same values in the same order: same bits
             yp = tk.decode_linear(
                 permute_for_decode(xqs), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
             )
-            assert torch.equal(yp, ys["v2"]), (b, split)
+            assert torch.equal(yp, y), (b, split)
             # fp16 activations (what quantize_for_decode writes) are the same exact values: same bits
             yh = tk.decode_linear(
                 permute_for_decode(xqs).half(), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
@@ -79,13 +73,11 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                     one_dot=True,
                 )
                 assert _rel(ref, yo) < 1e-5, (b, split)
-            # same exact products; only the FP32 reduction tree and the epilogue order differ
-            assert _rel(ys["v1"], ys["v2"]) < 1e-6, (b, split)
             yb = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
             if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
                 assert _rel(ref, yb) < 8e-3
             else:  # the FP32 result, rounded once to nearest-even
-                assert torch.equal(yb, ys["v2"].to(torch.bfloat16)), (b, split, _rel(ys["v2"], yb))
+                assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
 
 
 def _check_nonfinite() -> None:
@@ -188,24 +180,12 @@ def _check_bad_input() -> None:
         torch.zeros(8, 16, dtype=torch.uint8, device=_DEV),
         torch.zeros(8, 2, dtype=torch.uint8, device=_DEV),
     )
-    xp = tk.permute_for_decode(x)
-    with pytest.raises(ValueError, match="needs impl='v2'"):
-        tk.decode_linear(xp, a, w8, s8, a[:1], x_perm=True, impl="v1")
     with pytest.raises(ValueError, match="one_dot=True.*x_perm=True"):
         tk.decode_linear(x, a, w8, s8, a[:1], one_dot=True)
     with pytest.raises(ValueError, match=r"\[B, 8, K/8\]"):
         tk.decode_linear(x, a, w8, s8, a[:1], x_perm=True)
     with pytest.raises(ValueError, match="K=48"):
         tk.decode_linear(torch.zeros(2, 48, dtype=torch.bfloat16, device=_DEV), a, w8, s8, a[:1])
-    with pytest.raises(ValueError, match="impl='v3'.*v1.*v2"):
-        tk.decode_linear(
-            x,
-            a,
-            torch.zeros(8, 16, dtype=torch.uint8, device=_DEV),
-            torch.zeros(8, 2, dtype=torch.uint8, device=_DEV),
-            a[:1],
-            impl="v3",
-        )
 
 
 if torch.cuda.is_available():
@@ -235,14 +215,5 @@ elif _IN_INTERPRETER:
 
 else:
 
-    def test_decode_suite_in_interpreter_subprocess():
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-        assert "2 passed" in proc.stdout
+    def test_decode_suite_in_interpreter_subprocess(run_interpreted):
+        assert "2 passed" in run_interpreted(__file__)

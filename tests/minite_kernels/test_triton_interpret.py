@@ -9,7 +9,6 @@ tests in ``test_triton_kernels.py`` cover the compiled kernels there).
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -32,21 +31,9 @@ def tk():
 
 
 if not _IN_INTERPRETER:
-    # triton.jit decides at definition time (also for triton's own library functions) whether a kernel is
-    # interpreted, so the interpreter suite needs a process that imports triton with TRITON_INTERPRET=1.
-    def test_interpreter_suite_in_subprocess():
-        import subprocess
 
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-        assert " passed" in proc.stdout
+    def test_interpreter_suite_in_subprocess(run_interpreted):
+        run_interpreted(__file__)
 
 
 def _heavy(m, k, seed=0, dtype=torch.bfloat16):

@@ -4,14 +4,16 @@ Report §2.2 / §5.1; the same contract as the W4A4 GEMM (``gemm.py``, notes §1
 
     y[b, n] = Σ_k (q_x s_x)[b, k] · (q_w s_w)[n, k] · amax_x[b] · amax_w / 2688²
 
-``x`` is quantized per token (exact ``qs_x = e2m1 * s_b`` in BF16); the weight is read as packed E2M1 bytes
-``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter, 2 for BF16) as int32 words of 8 codes.
+``x`` is quantized per token (``qs_x = e2m1 * s_b``, exact in BF16 and in fp16); the weight is read as
+packed E2M1 bytes ``[N, K/2]`` + E4M3 scales ``[N, K/16]`` (0.5625 bytes/parameter, 2 for BF16) as int32
+words of 8 codes.
 
-Decode (``impl="v2"``, default): nibble ``i`` of every word becomes an fp16 by bit placement alone -- sign to
-bit 15, the three magnitude bits ``e1 e0 m`` to bits 11..9 -- whose value is exactly ``e2m1 * 2^-14`` (codes
-with ``e = 0`` land on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnitude bits
-shifted to bits 13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of the
-compare/select chain of ``impl="v1"``; the powers of two go to the epilogue.
+Decode: nibble ``i`` of every word becomes an fp16 by bit placement alone -- sign to bit 15, the three
+magnitude bits ``e1 e0 m`` to bits 11..9 -- whose value is exactly ``e2m1 * 2^-14`` (codes with ``e = 0`` land
+on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnitude bits shifted to bits
+13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of the compare/select
+chain of the first version (in git history; 1.2-1.3x slower at batch 1 on the H200 in the same activation
+order); the powers of two go to the epilogue.
 
 - FMA path (B <= 4): one 2-D fp32 accumulator per activation row, in the layout the weight words are loaded
   in; the 8 nibble products of a word are summed, then multiplied by the word's block scale.
@@ -43,19 +45,12 @@ from .quantize import (
     QuantOut,
     _e2m1_code_rn,
     _e2m1_value,
-    _e4m3_decode,
     _e4m3_rne,
     _encode_scale,
+    _num_sms,
 )
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
-
-
-@triton.jit
-def _nibble_value(c):
-    """fp32 value of E2M1 code c (0..15), sign included."""
-    mag = _e2m1_value(c & 7)
-    return tl.where((c & 8) != 0, -mag, mag)
 
 
 @triton.jit
@@ -87,82 +82,6 @@ def _splitk_finish(
             out_ptr + offs_b[None, :] * N + offs_n[:, None], tot.to(out_ptr.dtype.element_ty), mask=omask
         )
         tl.atomic_xchg(cnt_ptr + pid_n, 0)
-
-
-@triton.jit
-def _decode_linear_kernel(
-    x_ptr,
-    xamax_ptr,
-    w_ptr,
-    ws_ptr,
-    wamax_ptr,
-    out_ptr,
-    part_ptr,
-    cnt_ptr,
-    B,
-    N,
-    K,
-    kw_per_split,
-    BLOCK_N: tl.constexpr,
-    BLOCK_KW: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    SPLIT: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    """Weights are read as int32 words of 8 codes (elements 8j..8j+7, element 8j in the low nibble); nibble
-    ``i`` of every word in a tile is decoded in registers and multiplied with the activations at ``8j+i``
-    (no data moves between threads). The block scale (one per two words) multiplies the 8-nibble partial sums
-    (FMA path) or the decoded values (tensor-core path, where the product ``q*s_b`` is exact in BF16)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    KW = K // 8
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_b = tl.arange(0, BLOCK_B)
-    nmask = offs_n < N
-    bmask = offs_b < B
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
-    kw_start = pid_k * kw_per_split
-    for kk in range(0, kw_per_split, BLOCK_KW):
-        kw = kw_start + kk + tl.arange(0, BLOCK_KW)
-        kmask = kw < KW
-        wmask = nmask[:, None] & kmask[None, :]
-        wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
-        s = _e4m3_decode(sb.to(tl.int32))
-        xmask = bmask[:, None] & kmask[None, :]
-        xbase = x_ptr + offs_b[:, None] * K + (kw * 8)[None, :]
-        if USE_DOT:
-            for i in tl.static_range(8):
-                v = _nibble_value((wd >> (4 * i)) & 15) * s
-                xi = tl.load(xbase + i, mask=xmask, other=0.0)
-                if DOT_F32:  # Triton's CPU interpreter mis-handles bf16 dots
-                    acc = tl.dot(v, tl.trans(xi.to(tl.float32)), acc)
-                else:
-                    acc = tl.dot(v.to(tl.bfloat16), tl.trans(xi.to(tl.bfloat16)), acc)
-        else:
-            p = tl.zeros([BLOCK_N, BLOCK_B, BLOCK_KW], dtype=tl.float32)
-            for i in tl.static_range(8):
-                v = _nibble_value((wd >> (4 * i)) & 15)
-                xi = tl.load(xbase + i, mask=xmask, other=0.0).to(tl.float32)
-                p += v[:, None, :] * xi[None, :, :]
-            acc3 += p * s[:, None, :]
-    if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)
-    xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
-    wa = tl.load(wamax_ptr)
-    res = (acc * INV_2688_SQ_C) * (xa[None, :] * wa)
-    out_ptrs = out_ptr + offs_b[None, :] * N + offs_n[:, None]
-    omask = nmask[:, None] & bmask[None, :]
-    if SPLIT == 1:
-        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
-    else:
-        pptrs = part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None]
-        tl.store(pptrs, res, mask=omask)
-        _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
 
 @triton.jit
@@ -217,7 +136,7 @@ def _store_rows(
 
 
 @triton.jit
-def _decode_linear_kernel_v2(
+def _decode_linear_kernel(
     x_ptr,
     xamax_ptr,
     w_ptr,
@@ -409,12 +328,6 @@ def _workspace(device: torch.device, split: int, bb: int, n: int, nblocks: int):
     return ws
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def decode_linear(
     x_qs: torch.Tensor,
     x_amax: torch.Tensor,
@@ -427,7 +340,6 @@ def decode_linear(
     block_n: int | None = None,
     block_kw: int | None = None,
     num_warps: int = 4,
-    impl: str = "v2",
     x_perm: bool = False,
     one_dot: bool = False,
 ) -> torch.Tensor:
@@ -437,12 +349,8 @@ def decode_linear(
 
     ``x_perm=True``: ``x_qs`` is ``permute_for_decode(qs)`` [B, 8, K/8].
     K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
-    if impl not in _IMPLS:
-        raise ValueError(f"decode_linear: impl={impl!r} is not valid; choose one of {sorted(_IMPLS)}")
     if one_dot and not x_perm:
         raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
-    if impl == "v1" and x_perm:
-        raise ValueError("decode_linear(x_perm=True) needs impl='v2' (v1 reads the natural activation order)")
     if x_perm:
         if x_qs.dim() != 3 or x_qs.shape[1] != 8:
             raise ValueError(f"decode_linear(x_perm=True) takes x as [B, 8, K/8]; got {tuple(x_qs.shape)}")
@@ -476,8 +384,7 @@ def decode_linear(
     kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
     split = triton.cdiv(kw, kw_per_split)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
-    extra = {"X_PERM": x_perm, "ONE_DOT": one_dot and use_dot} if impl == "v2" else {}
-    _IMPLS[impl][(nblocks, split)](
+    _decode_linear_kernel[(nblocks, split)](
         x_qs,
         x_amax,
         w_data.view(torch.int32),
@@ -497,12 +404,10 @@ def decode_linear(
         USE_DOT=use_dot,
         DOT_F32=interpret_mode(),
         num_warps=num_warps,
-        **extra,
+        X_PERM=x_perm,
+        ONE_DOT=one_dot and use_dot,
     )
     return out
-
-
-_IMPLS = {"v1": _decode_linear_kernel, "v2": _decode_linear_kernel_v2}
 
 
 def permute_for_decode(x: torch.Tensor) -> torch.Tensor:
