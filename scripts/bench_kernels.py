@@ -674,6 +674,9 @@ def bench_model(args):
 
         return run
 
+    if args.model_rounds > 1:
+        _model_interleaved(base, step, args)
+        return
     res = {}
     res["bf16"] = bench(step(base), rep=2000, warmup=500)
     if args.profile:
@@ -712,6 +715,65 @@ def bench_model(args):
                 "ratio_vs_bf16": ms / res["bf16"],
             }
         )
+
+
+def _model_interleaved(base, step, args) -> None:
+    """bf16 and ``nvfp4_per_token_bf16_bwd`` with each quantize formulation (``MINITE_TRITON_QUANT_IMPL``) and
+    saved-activation mode (``MINITE_SAVE_ACTIVATIONS``), timed in alternation for ``--model-rounds`` rounds in
+    one process (bf16 first, the NVFP4 variants in an order rotated every round): a host-bound step varies
+    between runs (and lent machines), so only same-process, interleaved medians are compared."""
+    import statistics
+
+    from minite_kernels import quantize_model
+    from minite_kernels.backends.triton import quantize as Q
+
+    m = copy.deepcopy(base)
+    quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
+    variants = [("v1", "packed"), ("v2", "packed"), ("v2", "dequantized")]
+    default_impl, default_save = Q._IMPL, os.environ.get("MINITE_SAVE_ACTIVATIONS")
+    times: dict[str, list[float]] = {"bf16": []}
+    for r in range(args.model_rounds):
+        times["bf16"].append(bench(step(base), rep=600, warmup=100))
+        for impl, save in variants[r % len(variants) :] + variants[: r % len(variants)]:
+            Q._IMPL = impl
+            os.environ["MINITE_SAVE_ACTIVATIONS"] = save
+            times.setdefault(f"nvfp4_per_token_bf16_bwd_{impl}_{save}", []).append(
+                bench(step(m), rep=600, warmup=100)
+            )
+    peak_gb = {}
+    for case, model, impl, save in [("bf16", base, default_impl, "packed")] + [
+        (f"nvfp4_per_token_bf16_bwd_{i}_{sv}", m, i, sv) for i, sv in variants
+    ]:
+        Q._IMPL = impl
+        os.environ["MINITE_SAVE_ACTIVATIONS"] = save
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step(model)()
+        torch.cuda.synchronize()
+        peak_gb[case] = torch.cuda.max_memory_allocated() / 1e9
+    Q._IMPL = default_impl
+    if default_save is None:
+        os.environ.pop("MINITE_SAVE_ACTIVATIONS", None)
+    else:
+        os.environ["MINITE_SAVE_ACTIVATIONS"] = default_save
+    ref = statistics.median(times["bf16"])
+    for case, ts in times.items():
+        med = statistics.median(ts)
+        emit(
+            {
+                "bench": "model_interleaved",
+                "case": case,
+                "seq": args.seq,
+                "rounds": args.model_rounds,
+                "ms_median": med,
+                "ms_rounds": [round(t, 2) for t in ts],
+                "ratio_vs_bf16": med / ref,
+                "peak_GB": peak_gb[case],
+                "target_ratio": None if case == "bf16" else 1.10,
+            }
+        )
+    del m
+    free()
 
 
 def _profile_step(fn, name: str) -> None:
@@ -767,6 +829,12 @@ def main(argv=None) -> int:
     p.add_argument("--lp-tokens", type=int, default=8 * 4096)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--model-emulated", action="store_true")
+    p.add_argument(
+        "--model-rounds",
+        type=int,
+        default=1,
+        help="> 1: time bf16 / nvfp4 (quantize v1) / nvfp4 (v2) in alternation this many rounds, report medians",
+    )
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
     p.add_argument(
         "--decode-batches",

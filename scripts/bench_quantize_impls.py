@@ -6,7 +6,10 @@ run (bytes read + written that the output needs); a sweep of v2's launch sizes; 
 linears of a Qwen3-1.7B-shaped model: v1 per weight, v2 per weight, grouped (one amax + one quantize launch
 for all weights) and grouped in L2-sized chunks.
 
-    python scripts/bench_quantize_impls.py
+    python scripts/bench_quantize_impls.py                         # A/B at 8192^2 + weight-sync variants
+    python scripts/bench_quantize_impls.py --only learner,sync_sweep  # [4096, K] activations; sync launch sizes
+
+Quantize times are CUDA-graph replays with preallocated outputs (GPU time only, no host launch cost).
 """
 
 from __future__ import annotations
@@ -26,27 +29,116 @@ def emit(**rec) -> None:
     print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
 
 
-def main() -> int:
+#: learner activation shapes (4096 tokens x the K of each Qwen3-1.7B / 4B linear input)
+LEARNER_K = (2048, 2560, 4096, 6144, 9728)
+
+
+def _graph_ms(fn) -> float:
+    """GPU time of ``fn`` (preallocated outputs) from CUDA-graph replay: no host launch cost in the number."""
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
+def bench_learner_shapes(copy_gbps: float) -> None:
+    """Per-token quantize of [4096, K] bf16 activations, packed + BF16 ``deq`` (the learner's forward case)
+    and packed only: v1 against v2 at its default and a sweep of v2's per-token launch sizes."""
+    default = dict(Q.V2_CONFIG)
+    for k in LEARNER_K:
+        x = torch.randn(4096, k, device="cuda", dtype=torch.bfloat16)
+        n = x.numel()
+        for case, kw, nbytes in (
+            ("packed_deq", {"write_deq": True}, 2 * n + n // 2 + n // 16 + 2 * n),
+            ("packed", {}, 2 * n + n // 2 + n // 16),
+        ):
+            out = Q.quantize_nvfp4_triton(x, per_token=True, **kw)
+            configs = [("v1", None)] + [
+                ("v2", (tpt, words)) for tpt in (8, 16, 32) for words in (1024, 2048, 4096, 8192)
+            ]
+            for impl, cfg in configs:
+                Q._IMPL = impl
+                if cfg is not None:
+                    Q.V2_CONFIG.update(token_words_per_thread=cfg[0], token_program_words=cfg[1])
+                ms = _graph_ms(
+                    lambda x=x, out=out, kw=kw: Q.quantize_nvfp4_triton(x, per_token=True, out=out, **kw)
+                )
+                emit(
+                    bench="quantize_learner",
+                    K=k,
+                    case=case,
+                    impl=impl,
+                    tpt_words=cfg,
+                    us=ms * 1e3,
+                    frac_copy_bw=nbytes / ms / 1e6 / copy_gbps,
+                )
+                Q.V2_CONFIG.update(default)
+        del x, out
+    Q._IMPL = "v2"
+
+
+def bench_sync_sweep(copy_gbps: float) -> None:
+    """Grouped weight sync (CUDA graph, Qwen3-1.7B linears) over the amax / quantize launch sizes."""
+    default = dict(Q.V2_CONFIG)
+    ws = _qwen3_1p7b_weights()
+    nparam = sum(w.numel() for w in ws)
+    for a_rows, a_w, a_warps in ((32, 512, 8), (64, 512, 8), (32, 1024, 8), (64, 1024, 16), (16, 512, 4)):
+        for nb, warps in ((32, 8), (64, 8), (32, 4)):
+            Q.V2_CONFIG.update(
+                amax_rows=a_rows, amax_block_w=a_w, amax_warps=a_warps, tile16_nb=nb, tile16_warps=warps
+            )
+            sync = WeightRequantizer(ws)
+            sync.sync()
+            ms = do_bench(sync.sync, rep=100, return_mode="median")
+            emit(
+                bench="weight_sync_sweep",
+                amax=(a_rows, a_w, a_warps),
+                quant=(nb, warps),
+                ms=ms,
+                ms_per_B_params=ms / (nparam / 1e9),
+                frac_copy_bw_traffic=4.5625 * nparam / ms / 1e6 / copy_gbps,
+            )
+            del sync
+            Q.V2_CONFIG.clear()
+            Q.V2_CONFIG.update(default)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", default="ab,sync", help="comma list of: ab, sync, learner, sync_sweep")
+    args = p.parse_args(argv)
+    only = set(args.only.split(","))
+    copy_gbps = _copy_gbps(argparse.Namespace())
+    if "learner" in only:
+        bench_learner_shapes(copy_gbps)
+    if "sync_sweep" in only:
+        bench_sync_sweep(copy_gbps)
+    if only & {"ab", "sync"}:
+        ab_and_sync(copy_gbps, only)
+    return 0
+
+
+def ab_and_sync(copy_gbps: float, only: set) -> None:
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     n = x.numel()
-    copy_gbps = _copy_gbps(argparse.Namespace())
     emit(bench="copy", GBps=copy_gbps)
     packed = 2 * n + n // 2 + n // 16
     cases = {
-        "per_token_packed": (dict(per_token=True), packed),
-        "per_token_qs_only": (dict(per_token=True, write_packed=False, write_qs=True), 4 * n),
-        "per_token_packed_deq": (dict(per_token=True, write_deq=True), packed + 2 * n),
-        "per_tensor_1x16": (dict(per_token=False), packed),
-        "per_tensor_16x16": (dict(per_token=False, tile16=True), packed),
+        "per_token_packed": ({"per_token": True}, packed),
+        "per_token_qs_only": ({"per_token": True, "write_packed": False, "write_qs": True}, 4 * n),
+        "per_token_packed_deq": ({"per_token": True, "write_deq": True}, packed + 2 * n),
+        "per_tensor_1x16": ({"per_token": False}, packed),
+        "per_tensor_16x16": ({"per_token": False, "tile16": True}, packed),
     }
-    for impl in ("v1", "v2"):
+    for impl in ("v1", "v2") if "ab" in only else ():
         Q._IMPL = impl
         for case, (kw, nbytes) in cases.items():
-            ms = do_bench(lambda kw=kw: Q.quantize_nvfp4_triton(x, **kw))
+            out = Q.quantize_nvfp4_triton(x, **kw)
+            ms = _graph_ms(lambda kw=kw, out=out: Q.quantize_nvfp4_triton(x, out=out, **kw))
             emit(bench="quantize", impl=impl, case=case, ms=ms, frac_copy_bw=nbytes / ms / 1e6 / copy_gbps)
+            del out
     Q._IMPL = "v2"
     default = dict(Q.V2_CONFIG)
-    for tpt in (8, 16, 32):
+    for tpt in (8, 16, 32) if "ab" in only else ():
         for words in (2048, 4096, 8192):
             Q.V2_CONFIG.update(token_words_per_thread=tpt, token_program_words=words)
             ms = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=True))
@@ -59,7 +151,7 @@ def main() -> int:
             )
     Q.V2_CONFIG.clear()
     Q.V2_CONFIG.update(default)
-    for nb, warps in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8)):
+    for nb, warps in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8)) if "ab" in only else ():
         Q.V2_CONFIG.update(tile16_nb=nb, tile16_warps=warps, tensor_nb=nb, tensor_warps=warps)
         ms16 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False, tile16=True))
         ms1 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False))
@@ -74,14 +166,16 @@ def main() -> int:
     Q.V2_CONFIG.clear()
     Q.V2_CONFIG.update(default)
     x = None
+    if "sync" not in only:
+        return
     ws = _qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
     variants = (
-        ("v1", {}),
-        ("v2", dict(grouped=False)),
+        ("v1", {"grouped": False}),
+        ("v2", {"grouped": False}),
         ("v2", {}),
-        ("v2", dict(chunk_bytes=32 << 20)),
-        ("v2", dict(chunk_bytes=128 << 20)),
+        ("v2", {"chunk_bytes": 32 << 20}),
+        ("v2", {"chunk_bytes": 128 << 20}),
     )
     for impl, kw in variants:
         Q._IMPL = impl
@@ -99,7 +193,6 @@ def main() -> int:
             frac_copy_bw_useful=2.5625 * nparam / ms / 1e6 / copy_gbps,
         )
         del sync
-    return 0
 
 
 if __name__ == "__main__":

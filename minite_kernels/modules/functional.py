@@ -29,11 +29,17 @@ module and remembered next to its weight cache (:class:`_Plan`: which backend qu
 GEMM, which GEMMs are plain BF16 matmuls); a dense layer (one group) takes a path without per-group
 slicing, and BF16 backward GEMMs are direct ``torch.mm`` calls on the same operand layouts the backend's
 BF16 path uses (identical results). Nothing here reads a device value on the host (no synchronization).
+
+Saved activations (``dequantized_forward``): the quantized input's packed NVFP4 bytes by default, or with
+``MINITE_SAVE_ACTIVATIONS=dequantized`` the BF16 dequantized copy the Triton backend already wrote in the
+forward (same values; trades 3.6x more saved bytes, as much as ``nn.Linear`` saves, for one dequantize
+launch fewer per linear in backward: :func:`save_mode`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,6 +319,33 @@ def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias:
     return y, qxs
 
 
+SAVE_MODES = ("packed", "dequantized")
+_SAVE_MEMO: tuple[str | None, str] = (
+    None,
+    "packed",
+)  # (raw $MINITE_SAVE_ACTIVATIONS, parsed) of the last read
+
+
+def save_mode() -> str:
+    """``$MINITE_SAVE_ACTIVATIONS``: what a quantized linear keeps of its quantized input for backward.
+
+    ``packed`` (default): the NVFP4 bytes (0.5625 bytes per element), dequantized again in backward.
+    ``dequantized``: the BF16 dequantized copy, where the backend already made it in the forward (the Triton
+    backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no dequantize
+    launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element). Read on
+    every call, parsed once per value."""
+    global _SAVE_MEMO
+    raw = os.environ.get("MINITE_SAVE_ACTIVATIONS", "packed")
+    memo = _SAVE_MEMO
+    if raw == memo[0]:
+        return memo[1]
+    mode = raw.strip().lower()
+    if mode not in SAVE_MODES:
+        raise ValueError(f"MINITE_SAVE_ACTIVATIONS={raw!r} is not valid; choose one of {list(SAVE_MODES)}")
+    _SAVE_MEMO = (raw, mode)
+    return mode
+
+
 class _QLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, state: QLinearState):  # type: ignore[override]
@@ -322,13 +355,15 @@ class _QLinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.x_dtype = x2d.dtype
         if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
+            keep_deq = x2d.dtype == torch.bfloat16 and save_mode() == "dequantized"
             tensors, rebuilders, counts = [], [], []
             for q in qxs:
                 if q is None:
                     rebuilders.append(None)
                     counts.append(0)
                     continue
-                ts, rb = _pack(q)
+                deq = getattr(q, "deq", None) if keep_deq else None
+                ts, rb = ([deq], _first) if deq is not None else _pack(q)
                 tensors.extend(ts)
                 rebuilders.append(rb)
                 counts.append(len(ts))

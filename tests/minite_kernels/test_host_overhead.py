@@ -325,3 +325,40 @@ def test_interp_triton_dense_equals_generic(name, mode, monkeypatch):
     y, y_ref = dense[0].double(), emu[0].double()
     # bf16 GEMM operands and outputs against the fp32 reference
     assert ((y - y_ref).norm() / y_ref.norm()).item() < 1e-2
+
+
+@_interp_only
+def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(monkeypatch):
+    """MINITE_SAVE_ACTIVATIONS=dequantized saves the forward's BF16 ``deq`` (1 tensor) instead of the packed
+    operand (data, scales, amax, nonfinite: 4 tensors); gradients are bit-identical (deq is bit-equal to
+    dequantizing the bytes)."""
+    from minite_kernels.backends.triton import TritonBackend
+
+    x, w, b, dy = _inputs(torch.bfloat16, seed=5)
+    r = recipe("nvfp4_per_token_bf16_bwd")
+    results, saved = {}, {}
+    for mode in ("packed", "dequantized"):
+        monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", mode)
+        shapes = []
+
+        def pack(t, shapes=shapes):
+            shapes.append((tuple(t.shape), t.dtype))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            results[mode] = _run(x, w, b, dy, r, TritonBackend("cpu"), grouped=False)
+        saved[mode] = shapes
+    _assert_same(results["packed"], results["dequantized"])
+    # saved: the weight, then the input operand
+    assert len(saved["packed"]) == 1 + 4
+    assert saved["dequantized"][1:] == [((M, K), torch.bfloat16)]
+
+
+def test_save_mode_rejects_unknown_values(monkeypatch):
+    from minite_kernels.modules.functional import save_mode
+
+    monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", "fp8")
+    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8'.*\['packed', 'dequantized'\]"):
+        save_mode()
+    monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", " Dequantized")
+    assert save_mode() == "dequantized"

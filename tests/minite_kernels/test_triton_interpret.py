@@ -401,3 +401,15 @@ def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
         _same((p.data, p.scales, p.amax), quantize_nvfp4(w, tile=(1, 16)))
     with pytest.raises(ValueError, match="chunk_bytes"):
         tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)
+
+
+def test_quant_impl_switch_defaults_to_v2_and_names_the_choices(monkeypatch):
+    from minite_kernels.backends.triton import quantize as q
+
+    monkeypatch.delenv("MINITE_TRITON_QUANT_IMPL", raising=False)
+    assert q._read_impl() == "v2"
+    monkeypatch.setenv("MINITE_TRITON_QUANT_IMPL", " V1 ")
+    assert q._read_impl() == "v1"
+    monkeypatch.setenv("MINITE_TRITON_QUANT_IMPL", "v3")
+    with pytest.raises(ValueError, match=r"'v2' \(default\) and 'v1'"):
+        q._read_impl()

@@ -7,8 +7,7 @@ recipe's weight format) with all output buffers allocated once::
     amax_g = max |W_g|                       (one grouped launch over all weights g)
     W_g -> (codes, E4M3 tile scales, amax_g)   (one grouped launch over all weights, quantize.py formulas)
 
-Grouped (``grouped=True``; the default when ``MINITE_TRITON_QUANT_IMPL=v2``): the two launches cover the
-whole list. A device table holds, per
+Grouped (``grouped=True``, the default): the two launches cover the whole list. A device table holds, per
 weight, its base addresses (input, codes, scales, qs, deq, amax, nonfinite), shape and row stride, and the
 first index of its tiles in a flat work list; a tile map gives each program its weight (programs
 ``start_g .. start_g + tiles_g - 1`` belong to weight g). Each amax program atomically maxes its partial
@@ -50,9 +49,9 @@ class WeightRequantizer:
 
     ``write_deq`` / ``write_qs`` also refresh the BF16 GEMM operands (dequantized values / exact ``q*s_b``) in
     the same launch; ``quantized`` holds one :class:`TritonNVFP4Tensor` per weight (same objects every step).
-    ``grouped`` (default: True when ``MINITE_TRITON_QUANT_IMPL=v2``, whose kernels it uses; the default
-    ``v1`` keeps the per-weight sequence until v2 has passed its GPU tests) runs all weights in two launches;
-    ``chunk_bytes`` (grouped only) bounds the weight bytes per amax+quantize launch pair.
+    ``grouped`` (default True; byte-identical to the per-weight sequence, GPU-verified on the H200) runs all
+    weights in two launches; ``grouped=False`` is the per-weight sequence (A/B timing). ``chunk_bytes``
+    (grouped only) bounds the weight bytes per amax+quantize launch pair.
     """
 
     def __init__(
@@ -63,7 +62,7 @@ class WeightRequantizer:
         write_qs: bool = False,
         write_deq: bool = False,
         cuda_graph: bool = True,
-        grouped: bool | None = None,
+        grouped: bool = True,
         chunk_bytes: int | None = None,
     ) -> None:
         from .backend import TritonNVFP4Tensor
@@ -84,7 +83,7 @@ class WeightRequantizer:
         self.tile16 = tile16
         self.write_qs = write_qs
         self.write_deq = write_deq
-        self.grouped = (_q._IMPL == "v2") if grouped is None else bool(grouped)
+        self.grouped = bool(grouped)
         dev = weights[0].device
         self._bufs: list[tuple[QuantOut, torch.Tensor]] = []
         for w in self.weights:
