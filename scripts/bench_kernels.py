@@ -255,6 +255,22 @@ def bench_linear(args):
                     "dequant_shared_input",
                     t_g + (0.0 if name in SHARES_INPUT else rec["quantize_x_dequant_ms"]),
                 )
+                # GPU time alone (CUDA-graph replay): the times above include the host's launch cost
+                # whenever the host is slower than the kernels (small GEMMs on a slow host)
+                g_b = bench(lambda: F.linear(x, w), graph=True)
+                g_o = bench(fwd, graph=True)
+                g_q = bench(lambda: (setattr(tb, "_last", None), tb.quantize(x, spec.a)), graph=True)
+                g_g = bench(lambda: torch.mm(qx.deq, qw.deq.t()), graph=True)
+                rec.update(
+                    gpu_bf16_ms=g_b,
+                    gpu_dequant_ms=g_o,
+                    gpu_ratio_dequant=g_o / g_b,
+                    gpu_quantize_x_ms=g_q,
+                    gpu_gemm_only_dequant_ms=g_g,
+                )
+                add("gpu_bf16", g_b)
+                add("gpu_dequant", g_o)
+                add("gpu_dequant_shared_input", g_g + (0.0 if name in SHARES_INPUT else g_q))
             else:
                 qx.qs_transient = False
                 qa, qb = qx.exact_operand(), qw.exact_operand()
@@ -379,6 +395,9 @@ def bench_linear(args):
     ):
         if key in totals:
             out[f"fwd_ratio_{key}"] = totals[key] / totals["bf16"]
+    for key in ("gpu_dequant", "gpu_dequant_shared_input"):
+        if key in totals:
+            out[f"fwd_ratio_{key}"] = totals[key] / totals["gpu_bf16"]
     for key in ("nvfp4_per_token_bf16_bwd", "nvfp4_per_token"):
         if f"fb_{key}" in totals:
             out[f"fwd_bwd_ratio_{key}"] = totals[f"fb_{key}"] / totals["fb_bf16"]
@@ -676,6 +695,11 @@ def bench_model(args):
 
     if args.model_rounds > 1:
         _model_interleaved(base, step, args)
+        if args.profile:  # GPU kernel time vs wall time of one step each (host- or GPU-bound?)
+            _profile_step(step(base), "model_bf16")
+            m = copy.deepcopy(base)
+            quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
+            _profile_step(step(m), "model_nvfp4_per_token_bf16_bwd")
         return
     res = {}
     res["bf16"] = bench(step(base), rep=2000, warmup=500)
@@ -718,40 +742,36 @@ def bench_model(args):
 
 
 def _model_interleaved(base, step, args) -> None:
-    """bf16 and ``nvfp4_per_token_bf16_bwd`` with each quantize formulation (``MINITE_TRITON_QUANT_IMPL``) and
-    saved-activation mode (``MINITE_SAVE_ACTIVATIONS``), timed in alternation for ``--model-rounds`` rounds in
-    one process (bf16 first, the NVFP4 variants in an order rotated every round): a host-bound step varies
-    between runs (and lent machines), so only same-process, interleaved medians are compared."""
+    """bf16 and ``nvfp4_per_token_bf16_bwd`` with each saved-activation mode (``MINITE_SAVE_ACTIVATIONS``),
+    timed in alternation for ``--model-rounds`` rounds in one process (bf16 first, the NVFP4 variants in an
+    order rotated every round): a host-bound step varies between runs (and lent machines), so only
+    same-process, interleaved medians are compared. Also one step's peak memory per case."""
     import statistics
 
     from minite_kernels import quantize_model
-    from minite_kernels.backends.triton import quantize as Q
 
     m = copy.deepcopy(base)
     quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
-    variants = [("v1", "packed"), ("v2", "packed"), ("v2", "dequantized")]
-    default_impl, default_save = Q._IMPL, os.environ.get("MINITE_SAVE_ACTIVATIONS")
+    variants = ["dequantized", "packed"]
+    default_save = os.environ.get("MINITE_SAVE_ACTIVATIONS")
     times: dict[str, list[float]] = {"bf16": []}
     for r in range(args.model_rounds):
         times["bf16"].append(bench(step(base), rep=600, warmup=100))
-        for impl, save in variants[r % len(variants) :] + variants[: r % len(variants)]:
-            Q._IMPL = impl
+        for save in variants[r % len(variants) :] + variants[: r % len(variants)]:
             os.environ["MINITE_SAVE_ACTIVATIONS"] = save
-            times.setdefault(f"nvfp4_per_token_bf16_bwd_{impl}_{save}", []).append(
+            times.setdefault(f"nvfp4_per_token_bf16_bwd_save_{save}", []).append(
                 bench(step(m), rep=600, warmup=100)
             )
     peak_gb = {}
-    for case, model, impl, save in [("bf16", base, default_impl, "packed")] + [
-        (f"nvfp4_per_token_bf16_bwd_{i}_{sv}", m, i, sv) for i, sv in variants
+    for case, model, save in [("bf16", base, "packed")] + [
+        (f"nvfp4_per_token_bf16_bwd_save_{sv}", m, sv) for sv in variants
     ]:
-        Q._IMPL = impl
         os.environ["MINITE_SAVE_ACTIVATIONS"] = save
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         step(model)()
         torch.cuda.synchronize()
         peak_gb[case] = torch.cuda.max_memory_allocated() / 1e9
-    Q._IMPL = default_impl
     if default_save is None:
         os.environ.pop("MINITE_SAVE_ACTIVATIONS", None)
     else:
@@ -833,7 +853,7 @@ def main(argv=None) -> int:
         "--model-rounds",
         type=int,
         default=1,
-        help="> 1: time bf16 / nvfp4 (quantize v1) / nvfp4 (v2) in alternation this many rounds, report medians",
+        help="> 1: time bf16 / nvfp4 (each MINITE_SAVE_ACTIVATIONS) in alternation this many rounds, report medians",
     )
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
     p.add_argument(

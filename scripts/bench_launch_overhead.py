@@ -1,15 +1,15 @@
-"""Host cost of one activation quantization on CUDA, per quantize formulation (issue #6).
+"""Host cost of one activation quantization on CUDA (issue #6).
 
-The model step is host-bound, so a formulation that is faster on the GPU can still make the step slower if
-its launch costs more Python. This times, on the host only (a tiny input, so the GPU never holds the loop
-back), microseconds per call of:
+The model step is host-bound, so a kernel that is faster on the GPU can still make the step slower if its
+launch costs more Python. This times, on the host only (a tiny input, so the GPU never holds the loop back),
+microseconds per call of:
 
   kernel_out      ``quantize_nvfp4_triton(..., out=preallocated)``: the Triton launch and its argument set-up
   kernel_alloc    the same with its outputs allocated per call
   backend         ``TritonBackend.quantize``: what the module calls (cache check, kernel, operand object)
   torch_add       ``x.add_(0)``: one ATen launch, for scale
 
-for each ``impl`` (v1, v2), then the cProfile top functions of the backend call for each impl.
+then the cProfile top functions of the backend call.
 
     python scripts/bench_launch_overhead.py
 """
@@ -46,31 +46,28 @@ def main() -> int:
     x = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16)
     spec = resolve_recipe("nvfp4_per_token_bf16_bwd")[0].fprop.a
     be = TritonBackend("cuda")
-    res: dict[str, dict[str, float]] = {}
-    for impl in ("v1", "v2"):
-        Q._IMPL = impl
-        out = Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True)
+    out = Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True)
 
-        def backend_call():
-            be._last = None
-            return be.quantize(x, spec)
+    def backend_call():
+        be._last = None
+        return be.quantize(x, spec)
 
-        res[impl] = {
-            "kernel_out": per_call_us(
-                lambda out=out: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True, out=out)
-            ),
-            "kernel_alloc": per_call_us(lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True)),
-            "backend": per_call_us(backend_call),
-            "torch_add": per_call_us(lambda: x.add_(0)),
-        }
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(500):
-            backend_call()
-        prof.disable()
-        torch.cuda.synchronize()
-        print(f"--- cProfile, impl={impl}, 500 backend calls")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    res = {
+        "kernel_out": per_call_us(
+            lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True, out=out)
+        ),
+        "kernel_alloc": per_call_us(lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True)),
+        "backend": per_call_us(backend_call),
+        "torch_add": per_call_us(lambda: x.add_(0)),
+    }
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(500):
+        backend_call()
+    prof.disable()
+    torch.cuda.synchronize()
+    print("--- cProfile, 500 backend calls")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     print(json.dumps({"bench": "launch_overhead", "shape": list(x.shape), "us_per_call": res}), flush=True)
     return 0
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #6 on a lent GPU, in device calls of at most 10 minutes each:
-#   bash scripts/h200_issue6.sh tests    # GPU tests, one log per file, then all with v2 + decode auto (5-8 min)
+#   bash scripts/h200_issue6.sh tests    # GPU tests, one log per file, then all with decode routing (5-8 min)
 #   bash scripts/h200_issue6.sh bench    # decode, quantize A/B, weight sync, model (6-8 min)
 #   bash scripts/h200_issue6.sh probe    # learner-shape quantize sweep, sync launch sizes, model, host profile
-#   bash scripts/h200_issue6.sh launch   # host cost per quantize launch (v1 vs v2)
+#   bash scripts/h200_issue6.sh launch   # host cost per quantize launch and per quantized linear
 #   bash scripts/h200_issue6.sh verify   # whole GPU suite on the defaults, interleaved model step, linears
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
@@ -22,36 +22,32 @@ tests)
     for t in test_triton_decode test_triton_kernels test_patching; do
         step "$t" 150 python3 -m pytest "tests/minite_kernels/$t.py" -m gpu -q -p no:cacheprovider -rfE
     done
-    # the whole GPU suite again with the candidate defaults: quantize v2 (grouped sync) and decode routing
-    step all_v2_decode_auto 240 env MINITE_TRITON_QUANT_IMPL=v2 MINITE_TRITON_DECODE=auto \
+    # the whole GPU suite again with decode routing on
+    step all_decode_auto 240 env MINITE_TRITON_DECODE=auto \
         python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
     ;;
 bench)
     step decode 170 python3 scripts/bench_kernels.py --only decode --decode-batches 1,2,4,16 \
         --out "$out/decode.jsonl"
-    step quantize_impls 140 python3 scripts/bench_quantize_impls.py
-    step model_v1 75 env MINITE_TRITON_QUANT_IMPL=v1 python3 scripts/bench_kernels.py --only model \
-        --out "$out/model_v1.jsonl"
-    step model_v2 75 env MINITE_TRITON_QUANT_IMPL=v2 python3 scripts/bench_kernels.py --only model \
-        --out "$out/model_v2.jsonl"
+    step quantize_sweeps 140 python3 scripts/bench_quantize_sweeps.py
+    step model 150 python3 scripts/bench_kernels.py --only model --model-rounds 6 --out "$out/model.jsonl"
     step linear 90 python3 scripts/bench_kernels.py --only linear --out "$out/linear.jsonl"
     ;;
 probe)  # learner-shape quantize sweep, weight-sync launch sizes, interleaved model step, host profile
-    step quantize 240 python3 scripts/bench_quantize_impls.py --only learner,sync_sweep,ab,sync
+    step quantize 240 python3 scripts/bench_quantize_sweeps.py --only learner,sync_sweep,ab,sync
     step model 180 python3 scripts/bench_kernels.py --only model --model-rounds 5 --out "$out/model.jsonl"
     step host 100 python3 scripts/bench_host_overhead.py --device cuda --profile triton/nvfp4_per_token_bf16_bwd
     ;;
-launch)  # host cost per quantize launch, v1 vs v2, and the interleaved model step again
+launch)  # host cost per quantize launch and per quantized linear
     step launch 120 python3 scripts/bench_launch_overhead.py
-    step host_v1 100 env MINITE_TRITON_QUANT_IMPL=v1 python3 scripts/bench_host_overhead.py --device cuda \
-        --cases torch_linear,triton/nvfp4_per_token_bf16_bwd
-    step host_v2 100 env MINITE_TRITON_QUANT_IMPL=v2 python3 scripts/bench_host_overhead.py --device cuda \
+    step host 100 python3 scripts/bench_host_overhead.py --device cuda \
         --cases torch_linear,triton/nvfp4_per_token_bf16_bwd
     ;;
-verify)  # the whole GPU suite on the defaults, then the interleaved model step and the W4A4 linears
-    step gpu_tests 300 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
-    step model 150 python3 scripts/bench_kernels.py --only model --model-rounds 6 --out "$out/bench.jsonl"
-    step linear 90 python3 scripts/bench_kernels.py --only linear --out "$out/bench.jsonl"
+verify)  # the whole GPU suite on the defaults, the interleaved model step (+ profile), linears, quantize
+    step gpu_tests 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
+    step model 120 python3 scripts/bench_kernels.py --only model --model-rounds 6 --profile --out "$out/bench.jsonl"
+    step linear 80 python3 scripts/bench_kernels.py --only linear --out "$out/bench.jsonl"
+    step quantize 75 python3 scripts/bench_quantize_sweeps.py --only ab,sync
     ;;
 *)
     echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify" >&2

@@ -196,7 +196,7 @@ def test_backend_reports_unavailable_on_cpu(tk):
 
 
 # ------------------------------------------------------------------------------------------------------
-# v2 BF16 quantizer (quantize_bf16.py) and grouped weight sync
+# BF16 fast-path quantizer (quantize_bf16.py) and grouped weight sync
 # ------------------------------------------------------------------------------------------------------
 def _qs_ref(ref):
     """The exact GEMM operand e2m1 * s_b of a reference NVFP4Tensor (signed zeros included), bf16."""
@@ -230,17 +230,14 @@ def _same_all(out, ref) -> None:
 
 
 @pytest.fixture
-def impl_v2():
+def quant_mod():
     from minite_kernels.backends.triton import quantize as q
 
-    old = q._IMPL
-    q._IMPL = "v2"
-    yield q
-    q._IMPL = old
+    return q
 
 
 @_interp_only
-def test_v2_quantize_every_output_matches_reference(tk, impl_v2):
+def test_bf16_quantize_every_output_matches_reference(tk):
     from minite_kernels.formats import quantize_nvfp4
 
     x = _heavy(17, 112, seed=3)  # 17 rows: not a multiple of any row tile; K/16 = 7 blocks (padded to 8)
@@ -268,7 +265,7 @@ def test_v2_quantize_every_output_matches_reference(tk, impl_v2):
 
 
 @_interp_only
-def test_v2_stochastic_rounding_matches_reference(tk, impl_v2):
+def test_bf16_stochastic_rounding_matches_reference(tk):
     from minite_kernels.formats import quantize_nvfp4, random_bytes
 
     x = _heavy(16, 64, seed=6)
@@ -279,27 +276,6 @@ def test_v2_stochastic_rounding_matches_reference(tk, impl_v2):
             x, scaling=scaling, rounding="stochastic", generator=torch.Generator().manual_seed(1)
         )
         _same_all(out, ref)
-
-
-@_interp_only
-def test_v1_and_v2_agree_byte_for_byte(tk):
-    from minite_kernels.backends.triton import quantize as q
-
-    x = _heavy(32, 96, seed=7)
-    old = q._IMPL
-    try:
-        for per_token, tile16 in ((True, False), (False, False), (False, True)):
-            res = []
-            for impl in ("v1", "v2"):
-                q._IMPL = impl
-                res.append(tk.quantize_nvfp4_triton(x, per_token=per_token, tile16=tile16, write_qs=True))
-            for a, b in zip(res[0][:4], res[1][:4]):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-            negz = _bits(res[1].qs) == -32768  # v1 writes +0 where v2 (and the reference) write -0
-            assert negz.any() and torch.equal(_bits(res[0].qs)[~negz], _bits(res[1].qs)[~negz])
-            assert (_bits(res[0].qs)[negz] == 0).all()
-    finally:
-        q._IMPL = old
 
 
 if _IN_INTERPRETER:
@@ -344,15 +320,15 @@ def test_magic_add_e2m1_rounding_matches_reference_table(tk):
 
 
 @pytest.fixture
-def small_tiles(impl_v2):
-    """Small v2 tiles, so that the tiny test weights span several tiles in both directions (exercises the
+def small_tiles(quant_mod):
+    """Small tiles, so that the tiny test weights span several tiles in both directions (exercises the
     grouped kernels' flat tile enumeration) and the interpreter runs fast."""
-    old = dict(impl_v2.V2_CONFIG)
-    impl_v2.V2_CONFIG.update(
+    old = dict(quant_mod.BF16_CONFIG)
+    quant_mod.BF16_CONFIG.update(
         amax_rows=16, amax_block_m=8, amax_block_w=32, tile16_nb=4, tensor_block_m=4, tensor_nb=4
     )
     yield
-    impl_v2.V2_CONFIG.update(old)
+    quant_mod.BF16_CONFIG.update(old)
 
 
 def _sync_weights():
@@ -402,14 +378,3 @@ def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
     with pytest.raises(ValueError, match="chunk_bytes"):
         tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)
 
-
-def test_quant_impl_switch_defaults_to_v2_and_names_the_choices(monkeypatch):
-    from minite_kernels.backends.triton import quantize as q
-
-    monkeypatch.delenv("MINITE_TRITON_QUANT_IMPL", raising=False)
-    assert q._read_impl() == "v2"
-    monkeypatch.setenv("MINITE_TRITON_QUANT_IMPL", " V1 ")
-    assert q._read_impl() == "v1"
-    monkeypatch.setenv("MINITE_TRITON_QUANT_IMPL", "v3")
-    with pytest.raises(ValueError, match=r"'v2' \(default\) and 'v1'"):
-        q._read_impl()

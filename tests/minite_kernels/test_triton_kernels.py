@@ -330,7 +330,7 @@ def test_save_dequantized_activations_gives_identical_gradients(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------
-# BF16 fast path v1 / v2 at the benchmark size, grouped weight sync at Qwen3-1.7B shapes
+# BF16 fast path at the benchmark size, grouped weight sync at Qwen3-1.7B shapes
 # ------------------------------------------------------------------------------------------------------
 _REF_CACHE: dict = {}
 
@@ -360,11 +360,9 @@ def _qs_bits_ref(ref):
 @pytest.mark.parametrize(
     "scaling,tile", [("per_token", (1, 16)), ("per_tensor", (1, 16)), ("per_tensor", (16, 16))]
 )
-@pytest.mark.parametrize("impl", ["v2", "v1"])
-def test_bf16_fast_path_8192_bytes_match_reference(impl, scaling, tile, monkeypatch):
+def test_bf16_fast_path_8192_bytes_match_reference(scaling, tile):
     from minite_kernels.backends.triton import quantize as q
 
-    monkeypatch.setattr(q, "_IMPL", impl)
     x, ref = _big_case(scaling, tile)
     per_token, tile16 = scaling == "per_token", tile == (16, 16)
     d, s, a, nf, *_ = q.quantize_nvfp4_triton(x, per_token=per_token, tile16=tile16)  # the benchmark call
@@ -379,12 +377,9 @@ def test_bf16_fast_path_8192_bytes_match_reference(impl, scaling, tile, monkeypa
     assert torch.equal(torch.isnan(deq.cpu()), ~fin)
     qr = _qs_bits_ref(ref)
     qfin = ~torch.isnan(ref.scales_f32()).repeat_interleave(16, dim=1)
-    if impl == "v2":  # bit patterns, signed zeros included
-        assert torch.equal(deq.cpu().view(torch.int16)[fin], dr.view(torch.int16)[fin])
-        assert torch.equal(qs.cpu().view(torch.int16)[qfin], qr[qfin])
-    else:  # v1 writes +0 for the reference's -0 (values equal)
-        assert torch.equal(deq.cpu()[fin], dr[fin])
-        assert torch.equal(qs.cpu()[qfin], qr.view(torch.bfloat16)[qfin])
+    # bit patterns, signed zeros included
+    assert torch.equal(deq.cpu().view(torch.int16)[fin], dr.view(torch.int16)[fin])
+    assert torch.equal(qs.cpu().view(torch.int16)[qfin], qr[qfin])
     if per_token:
         *_, a2, _nf, qs2, _ = q.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
         assert torch.equal(qs2, qs)  # amax holds a NaN (row 77): compare bit patterns

@@ -22,9 +22,8 @@ round-to-nearest-even trick (exact for ``t < 2^22``). Example: ``p = 282.24`` ->
 Non-finite input poisons its scaling domain exactly as the reference does: amax NaN, scale bytes 0x7F,
 codes 0.
 
-BF16 inputs with unit stride along K take the word-wise fast path of ``quantize_bf16.py`` in one of two
-formulations, ``MINITE_TRITON_QUANT_IMPL=v1|v2`` (default v2; read once at import into ``_IMPL``; the v2
-launch geometry is ``V2_CONFIG``); other dtypes and layouts use the generic kernels below.
+BF16 inputs with unit stride along K (rows up to 16384 elements per token) take the word-wise fast path of
+``quantize_bf16.py`` (launch geometry ``BF16_CONFIG``); other dtypes and layouts use the generic kernels below.
 
 Per-tensor scaling is two launches (an amax reduction, then the quantize pass): the tensor is read twice.
 Per-token scaling is one launch: each program reads its rows twice (row amax, then quantize), the second
@@ -34,7 +33,6 @@ read mostly from L2.
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -480,24 +478,10 @@ def _bf16_words_ok(x: torch.Tensor, rbits: torch.Tensor | None) -> bool:
     )
 
 
-def _read_impl() -> str:
-    impl = os.environ.get("MINITE_TRITON_QUANT_IMPL", "v2").strip().lower() or "v2"
-    if impl not in ("v1", "v2"):
-        raise ValueError(f"MINITE_TRITON_QUANT_IMPL={impl!r}: valid choices are 'v2' (default) and 'v1'")
-    return impl
-
-
-#: BF16 fast-path formulation, read once at import from ``MINITE_TRITON_QUANT_IMPL`` (``v2`` | ``v1``);
-#: a module global so a benchmark can A/B both in one process (``quantize._IMPL = "v1"``). Both are
-#: byte-identical to the reference on the H200 (GPU tests) and under the interpreter. ``v2`` takes 1.4-2.9x
-#: less GPU time on [4096, K] learner activations and reaches 81% of copy bandwidth on 8192^2 per-token
-#: packed + deq (benchmarks/RESULTS.md); ``v1`` stays for same-process model-level A/B timing.
-_IMPL = _read_impl()
-
-#: launch geometry of the v2 kernels (a benchmark may edit it in-process to sweep; the defaults are used
+#: launch geometry of the BF16 fast-path kernels (a benchmark may edit it in-process to sweep; the defaults are used
 #: by the library). ``token_words_per_thread``: words held per thread in the per-token kernel;
 #: ``token_program_words``: words per program for short rows (several rows per program).
-V2_CONFIG: dict[str, int] = {
+BF16_CONFIG: dict[str, int] = {
     "token_words_per_thread": 16,
     "token_program_words": 2048,  # H200 sweep: 0.063 ms on 8192^2 (69% of copy BW) vs 0.093 ms at 4096
     "tensor_block_m": 8,  # per-tensor 1x16: rows x blocks per program
@@ -516,8 +500,8 @@ def _contig_aligned(t: torch.Tensor | None, align: int) -> bool:
     return t is not None and t.is_contiguous() and t.data_ptr() % align == 0
 
 
-def _v2_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
-    """v2 stores 8-byte code words and 16-byte qs/deq vectors: the buffers must be contiguous and aligned."""
+def _bf16_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
+    """The BF16 kernels store 8-byte code words and 16-byte qs/deq vectors: the buffers must be contiguous and aligned."""
     if out is None:
         return True
     data, scales, _a, _nf, qs, deq = out
@@ -528,13 +512,13 @@ def _v2_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _token_geometry(kw: int, program_words: int, words_per_thread: int) -> tuple[int, int, int]:
-    """(rows per program, blocks per row rounded up to a power of 2, warps) of the v2 per-token kernel."""
+    """(rows per program, blocks per row rounded up to a power of 2, warps) of the BF16 per-token kernel."""
     nb = triton.next_power_of_2(kw // 8)
     bm = max(1, min(16, program_words // (nb * 8)))
     return bm, nb, max(1, min(16, bm * nb * 8 // (words_per_thread * 32)))
 
 
-def _launch_bf16_v2(
+def _launch_bf16(
     x: torch.Tensor,
     out: QuantOut,
     scales: torch.Tensor | None,
@@ -560,12 +544,12 @@ def _launch_bf16_v2(
     qsw = qs.view(torch.int32) if write_qs else dummy
     deqw = deq.view(torch.int32) if write_deq else dummy
     rne_int = interpret_mode()
-    cfg = V2_CONFIG
+    cfg = BF16_CONFIG
     if per_token:  # the learner's hot path (one launch per linear input): keep its host work small
-        from .quantize_bf16 import _quant_token_kernel_v2
+        from .quantize_bf16 import _quant_token_kernel_bf16
 
         bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
-        _quant_token_kernel_v2[(triton.cdiv(m, bm),)](
+        _quant_token_kernel_bf16[(triton.cdiv(m, bm),)](
             xw,
             dptr,
             sptr,
@@ -588,7 +572,7 @@ def _launch_bf16_v2(
             num_warps=warps,
         )
         return
-    from .quantize_bf16 import _amax_kernel_v2, _quant_tensor_kernel_v2
+    from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16
 
     nbk = kw // 8
     flags = {"SR": sr, "WRITE_PACKED": write_packed, "WRITE_QS": write_qs, "WRITE_DEQ": write_deq}
@@ -599,7 +583,7 @@ def _launch_bf16_v2(
         scratch.zero_()
     arows, abm = cfg["amax_rows"], cfg["amax_block_m"]
     abw = min(cfg["amax_block_w"], max(8, triton.next_power_of_2(kw)))
-    _amax_kernel_v2[(triton.cdiv(m, arows), triton.cdiv(kw, abw))](
+    _amax_kernel_bf16[(triton.cdiv(m, arows), triton.cdiv(kw, abw))](
         xw,
         scratch,
         m,
@@ -616,7 +600,7 @@ def _launch_bf16_v2(
     else:
         bm, nb, warps = cfg["tensor_block_m"], cfg["tensor_nb"], cfg["tensor_warps"]
     nb = min(nb, max(1, triton.next_power_of_2(nbk)))
-    _quant_tensor_kernel_v2[(triton.cdiv(m, bm), triton.cdiv(nbk, nb))](
+    _quant_tensor_kernel_bf16[(triton.cdiv(m, bm), triton.cdiv(nbk, nb))](
         xw,
         dptr,
         sptr,
@@ -681,98 +665,11 @@ def quantize_nvfp4_triton(
             nonfinite.zero_()
         return _finish(out)
     if (
-        _IMPL == "v2"
-        and _bf16_words_ok(x, rbits)
-        and (not per_token or k // 2 <= 8192)
-        and (fresh or _v2_outputs_ok(out, write_packed))
-    ):
-        _launch_bf16_v2(x, out, scales, per_token, tile16, rbits, write_packed, write_qs, write_deq, scratch)
-        return _finish(out)
-    if (
         _bf16_words_ok(x, rbits)
-        and not (interpret_mode() and write_deq)
         and (not per_token or k // 2 <= 8192)
+        and (fresh or _bf16_outputs_ok(out, write_packed))
     ):
-        from .quantize_bf16 import _amax_bf16_kernel, _quant_bf16_tensor_kernel, _quant_bf16_token_kernel
-
-        kw = k // 2
-        xw = x.view(torch.int32)
-        rb = rbits.view(torch.int16) if sr else dummy
-        qsw = qs.view(torch.int32) if write_qs else dummy
-        deqw = deq.view(torch.int32) if write_deq else dummy
-        dptr = data if write_packed else dummy
-        sptr = scales if write_packed else dummy
-        if per_token:
-            bw = max(8, triton.next_power_of_2(kw))
-            bm = max(1, min(8, 2048 // bw))
-            warps = max(4, min(32, bm * bw // 256))
-            _quant_bf16_token_kernel[(triton.cdiv(m, bm),)](
-                xw,
-                dptr,
-                sptr,
-                qsw,
-                deqw,
-                amax,
-                nonfinite,
-                rb,
-                m,
-                kw,
-                xw.stride(0),
-                BLOCK_M=bm,
-                BLOCK_W=bw,
-                SR=sr,
-                WRITE_PACKED=write_packed,
-                WRITE_QS=write_qs,
-                WRITE_DEQ=write_deq,
-                num_warps=warps,
-            )
-        else:
-            if scratch is None:
-                scratch = torch.zeros(2, dtype=torch.int32, device=dev)
-            else:
-                scratch.zero_()
-            abm, abw = 8, 512 if kw >= 512 else max(8, triton.next_power_of_2(kw))
-            tiles_w = triton.cdiv(kw, abw)
-            n_tiles = triton.cdiv(m, abm) * tiles_w
-            nprog = max(1, min(n_tiles, _num_sms(dev) * 4))
-            _amax_bf16_kernel[(nprog,)](
-                xw,
-                scratch,
-                m,
-                kw,
-                xw.stride(0),
-                nprog,
-                triton.cdiv(n_tiles, nprog),
-                tiles_w,
-                BLOCK_M=abm,
-                BLOCK_W=abw,
-                num_warps=8,
-            )
-            bm = 16 if tile16 else 4
-            bw = min(512 if not tile16 else 256, max(8, triton.next_power_of_2(kw)))
-            grid = (triton.cdiv(m, bm), triton.cdiv(kw, bw))
-            _quant_bf16_tensor_kernel[grid](
-                xw,
-                dptr,
-                sptr,
-                qsw,
-                deqw,
-                amax,
-                nonfinite,
-                scratch,
-                rb,
-                m,
-                kw,
-                xw.stride(0),
-                BLOCK_M=bm,
-                BLOCK_W=bw,
-                TILE16=tile16,
-                SR=sr,
-                WRITE_PACKED=write_packed,
-                WRITE_QS=write_qs,
-                WRITE_DEQ=write_deq,
-                num_warps=8 if tile16 else 4,
-            )
+        _launch_bf16(x, out, scales, per_token, tile16, rbits, write_packed, write_qs, write_deq, scratch)
         return _finish(out)
     # generic kernels (fp32 / fp16 / strided / CPU interpreter)
     if per_token:

@@ -10,26 +10,17 @@ except for the per-token row amax:
 - a per-token row (up to 16384 elements) is held in registers, so it is read once; per-tensor scaling
   takes the global amax from a separate reduction kernel.
 
-Two formulations, chosen by ``MINITE_TRITON_QUANT_IMPL`` (read once at import by ``quantize.py``; default
-``v2``):
-
-``v1`` (the first version): [BLOCK_M, BLOCK_W] word tiles; ``max|x|`` on the bit patterns
-``bits & 0x7FFF0000`` (for non-negative floats integer order is float order, and inf/NaN sort above every
-finite value: ``amax_bits >= 0x7F800000`` flags a poisoned domain), the row amax a second max over all
-words, block maxima and their broadcast back through ``tl.reshape``, one uint8 store per word.
-
-``v2`` (this file's second half), what changed and why (measured on the H200, ``benchmarks/RESULTS.md``:
-v1 reached 34% of copy bandwidth per token with packed output, 66% with only ``qs``; its SASS had ~54
-instructions per word, so the kernel is issue bound):
+How (measured on the H200, ``benchmarks/RESULTS.md``; the first formulation, one uint8 store per word and
+every word reduced twice, reached 34% of copy bandwidth per token and is in git history):
 
 - tiles are 3-D ``[BLOCK_M, NB, 4]`` and loaded twice per block (words 0..3 and 4..7), each a 16-byte
   vector, so a thread owns whole 16-element blocks: the block max is a register-only ``max`` over the last
   axis, the broadcast of the block scale ``enc[:, :, None]`` is free, nothing goes through shared memory;
 - the 8 code bytes of a block are OR-ed into two int32 (``byte << 8i``, disjoint bit fields) and stored
-  as one 8-byte vector (1 store per 8 words instead of 1 per word); qs/deq as 16-byte vectors;
+  as one 8-byte vector; qs/deq as 16-byte vectors;
 - ``max|x|`` is one ``max.NaN.f32`` of ``|x_even|``, ``|x_odd|`` per word (abs is a free operand modifier; NaN
   propagates, so ``amax`` is inf/NaN exactly when the reference's domain is poisoned), and the per-token row
-  amax is the max of the block maxima (the v1 kernel reduced every word twice);
+  amax is the max of the block maxima;
 - E2M1 rounding by one magic add instead of a bit-pattern rounding plus a separate subnormal branch
   (``a = min(|y|, 6)``, ``E = exponent of max(a, 1)``, ``m = 2^(1 - E)``)::
 
@@ -41,7 +32,7 @@ instructions per word, so the kernel is issue bound):
   reference's saturation, so no cap on the code is needed);
 - a poisoned domain is handled once per block (scale byte 0x7F, code word 0) instead of zeroing every word;
 - signed zeros of ``qs``/``deq`` follow the reference (``mag * -1``, not ``-mag``, which Triton lowers to
-  ``0 - mag`` = +0; v1 wrote +0 for the reference's -0: equal values, different bits);
+  ``0 - mag`` = +0);
 - grouped kernels: one launch quantizes a whole list of weights (``weight_sync.py``) from a device table of
   base addresses, shapes and tile offsets, instead of two launches per weight.
 
@@ -50,8 +41,8 @@ exact GEMM) and ``deq`` = the dequantized value ``e2m1 * fp32(fp32(s_b * amax) *
 BF16, bit-equal to ``NVFP4Tensor.dequantize(torch.bfloat16)``.
 
 Example: the word ``0x3F804000`` holds 2.0 (low, ``0x4000``) and 1.0 (high, ``0x3F80``); with amax 2688 and a
-block max of 6 the block scale is 1 and ``enc = 1``, so the codes are 4 (2.0) and 2 (1.0), byte ``0x24``.
-In v2: 2.0 has ``E = 1``, ``m = 1``, ``t = 2 + 1.5 * 2^23`` -> ``code = 2 + 2 = 4``; 1.0 has ``E = 0``,
+block max of 6 the block scale is 1 and ``enc = 1``, so the codes are 4 (2.0) and 2 (1.0), byte ``0x24``:
+2.0 has ``E = 1``, ``m = 1``, ``t = 2 + 1.5 * 2^23`` -> ``code = 2 + 2 = 4``; 1.0 has ``E = 0``,
 ``m = 2``, ``rint(2.0) = 2`` -> ``code = 2``; 5.0 has ``E = 2``, ``m = 1/2``, ``rint(2.5) = 2`` (ties to even)
 -> ``code = 6`` (4.0).
 """
@@ -61,13 +52,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quantize import FLT_MAX, INV_2688, SIXTH, _e2m1_code_rn, _e2m1_value, _e4m3_rne, _encode_scale, _sr_step
-
-
-@triton.jit
-def _abs_bits(w):
-    """max(|x_even|, |x_odd|) of a word, as (non-negative) fp32 bit patterns."""
-    return tl.maximum((w << 16) & 0x7FFF0000, w & 0x7FFF0000)
+from .quantize import FLT_MAX, INV_2688, SIXTH, _e4m3_rne, _encode_scale, _sr_step
 
 
 @triton.jit
@@ -79,278 +64,8 @@ def _sr_mag(a, r):
     return tl.minimum(tl.floor(t * (1.0 / st)) * st, 6.0)
 
 
-@triton.jit
-def _encode_words(
-    w,
-    ab,
-    rb,
-    s_enc,
-    s_dec,
-    amax,
-    BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    TILE16: tl.constexpr,
-    SR: tl.constexpr,
-    WRITE_QS: tl.constexpr,
-    WRITE_DEQ: tl.constexpr,
-):
-    """Quantize a [BLOCK_M, BLOCK_W] tile of words; returns (packed bytes as int32, scale bytes [BM, NB],
-    qs words, deq words) - the last two are 0 when not requested."""
-    NB: tl.constexpr = BLOCK_W // 8
-    vbits = tl.max(tl.reshape(ab, [BLOCK_M, NB, 8]), axis=2)
-    if TILE16:
-        t = tl.max(tl.reshape(vbits, [BLOCK_M // 16, 16, NB]), axis=1)
-        vbits = tl.reshape(tl.broadcast_to(t[:, None, :], [BLOCK_M // 16, 16, NB]), [BLOCK_M, NB])
-    vmax = vbits.to(tl.float32, bitcast=True)
-    pre = tl.minimum(vmax * (s_enc * SIXTH), 448.0)
-    s_b, sbyte = _e4m3_rne(pre)
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
-    enc_w = tl.reshape(tl.broadcast_to(enc[:, :, None], [BLOCK_M, NB, 8]), [BLOCK_M, BLOCK_W])
-    ye = (w << 16).to(tl.float32, bitcast=True) * enc_w
-    yo = (w & -65536).to(tl.float32, bitcast=True) * enc_w
-    ae = tl.abs(ye)
-    ao = tl.abs(yo)
-    if SR:
-        me = _sr_mag(ae, rb & 255)
-        mo = _sr_mag(ao, (rb >> 8) & 255)
-        ce = _e2m1_code_rn(me)
-        co = _e2m1_code_rn(mo)
-    else:
-        ce = _e2m1_code_rn(ae)
-        co = _e2m1_code_rn(ao)
-    ne = ye < 0.0
-    no = yo < 0.0
-    packed = (ce + tl.where(ne, 8, 0)) | ((co + tl.where(no, 8, 0)) << 4)
-    qsw = 0
-    deqw = 0
-    if WRITE_QS or WRITE_DEQ:
-        if not SR:
-            me = _e2m1_value(ce)
-            mo = _e2m1_value(co)
-        me = tl.where(ne, -me, me)
-        mo = tl.where(no, -mo, mo)
-        if WRITE_QS:
-            sb_w = tl.reshape(tl.broadcast_to(s_b[:, :, None], [BLOCK_M, NB, 8]), [BLOCK_M, BLOCK_W])
-            qe = (me * sb_w).to(tl.int32, bitcast=True)
-            qo = (mo * sb_w).to(tl.int32, bitcast=True)
-            qsw = ((qe >> 16) & 0xFFFF) | (qo & -65536)  # exact in bf16: the high halves
-        if WRITE_DEQ:
-            f = (s_b * amax) * INV_2688
-            f_w = tl.reshape(tl.broadcast_to(f[:, :, None], [BLOCK_M, NB, 8]), [BLOCK_M, BLOCK_W])
-            de = (me * f_w).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            do = (mo * f_w).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-            deqw = de | (do << 16)
-    return packed, sbyte, qsw, deqw
-
-
-@triton.jit
-def _store_words(
-    data_ptr,
-    scales_ptr,
-    qs_ptr,
-    deq_ptr,
-    rows,
-    cols,
-    col0,
-    M,
-    KW,
-    packed,
-    sbyte,
-    qsw,
-    deqw,
-    BLOCK_W: tl.constexpr,
-    WRITE_PACKED: tl.constexpr,
-    WRITE_QS: tl.constexpr,
-    WRITE_DEQ: tl.constexpr,
-):
-    rmask = rows[:, None] < M
-    mask = rmask & (cols[None, :] < KW)
-    off = rows[:, None] * KW + cols[None, :]
-    if WRITE_PACKED:
-        tl.store(data_ptr + off, packed.to(tl.uint8), mask=mask)
-        bc = col0 // 8 + tl.arange(0, BLOCK_W // 8)
-        tl.store(
-            scales_ptr + rows[:, None] * (KW // 8) + bc[None, :],
-            sbyte.to(tl.uint8),
-            mask=rmask & (bc[None, :] < KW // 8),
-        )
-    if WRITE_QS:
-        tl.store(qs_ptr + off, qsw, mask=mask)
-    if WRITE_DEQ:
-        tl.store(deq_ptr + off, deqw, mask=mask)
-
-
-@triton.jit
-def _quant_bf16_token_kernel(
-    xw_ptr,
-    data_ptr,
-    scales_ptr,
-    qs_ptr,
-    deq_ptr,
-    amax_ptr,
-    nonfinite_ptr,
-    rb_ptr,
-    M,
-    KW,
-    stride_w,
-    BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    SR: tl.constexpr,
-    WRITE_PACKED: tl.constexpr,
-    WRITE_QS: tl.constexpr,
-    WRITE_DEQ: tl.constexpr,
-):
-    """Per-token scaling, one read: each program holds BLOCK_M whole rows (BLOCK_W >= K/2 words)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_W)
-    mask = (rows[:, None] < M) & (cols[None, :] < KW)
-    w = tl.load(xw_ptr + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0)
-    ab = _abs_bits(w)
-    abits = tl.max(ab, axis=1)
-    bad = abits >= 0x7F800000
-    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
-    tl.store(amax_ptr + rows, tl.where(bad, float("nan"), amax), mask=rows < M)
-    tl.store(nonfinite_ptr + rows, bad, mask=rows < M)
-    w = tl.where(bad[:, None], 0, w)  # a poisoned row stores codes 0 and scale bytes 0x7F
-    ab = tl.where(bad[:, None], 0, ab)
-    s_enc, s_dec = _encode_scale(amax)
-    rb = 0
-    if SR:
-        rb = tl.load(rb_ptr + rows[:, None] * KW + cols[None, :], mask=mask, other=0).to(tl.int32) & 0xFFFF
-    packed, sbyte, qsw, deqw = _encode_words(
-        w,
-        ab,
-        rb,
-        s_enc[:, None],
-        s_dec[:, None],
-        amax[:, None],
-        BLOCK_M,
-        BLOCK_W,
-        False,
-        SR,
-        WRITE_QS,
-        WRITE_DEQ,
-    )
-    sbyte = tl.where(bad[:, None], 0x7F, sbyte)
-    if WRITE_DEQ:
-        deqw = tl.where(bad[:, None], 0x7FC07FC0, deqw)
-    _store_words(
-        data_ptr,
-        scales_ptr,
-        qs_ptr,
-        deq_ptr,
-        rows,
-        cols,
-        0,
-        M,
-        KW,
-        packed,
-        sbyte,
-        qsw,
-        deqw,
-        BLOCK_W,
-        WRITE_PACKED,
-        WRITE_QS,
-        WRITE_DEQ,
-    )
-
-
-@triton.jit
-def _amax_bf16_kernel(
-    xw_ptr,
-    scratch_ptr,
-    M,
-    KW,
-    stride_w,
-    nprog,
-    tiles_per_prog,
-    tiles_w,
-    BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
-    """Global max of |x| bit patterns (NaN/inf sort above finite values) -> atomic max into scratch[0]."""
-    pid = tl.program_id(0)
-    acc = tl.zeros([BLOCK_M, BLOCK_W], dtype=tl.int32)
-    for i in range(0, tiles_per_prog):
-        t = pid + i * nprog
-        rows = (t // tiles_w) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (t % tiles_w) * BLOCK_W + tl.arange(0, BLOCK_W)
-        mask = (rows[:, None] < M) & (cols[None, :] < KW)
-        w = tl.load(xw_ptr + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0)
-        acc = tl.maximum(acc, _abs_bits(w))
-    tl.atomic_max(scratch_ptr, tl.max(tl.max(acc, axis=1), axis=0))
-
-
-@triton.jit
-def _quant_bf16_tensor_kernel(
-    xw_ptr,
-    data_ptr,
-    scales_ptr,
-    qs_ptr,
-    deq_ptr,
-    amax_ptr,
-    nonfinite_ptr,
-    scratch_ptr,
-    rb_ptr,
-    M,
-    KW,
-    stride_w,
-    BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    TILE16: tl.constexpr,
-    SR: tl.constexpr,
-    WRITE_PACKED: tl.constexpr,
-    WRITE_QS: tl.constexpr,
-    WRITE_DEQ: tl.constexpr,
-):
-    """Per-tensor scaling (global amax bits in scratch[0] from ``_amax_bf16_kernel``)."""
-    pid_m = tl.program_id(0)
-    pid_w = tl.program_id(1)
-    abits = tl.load(scratch_ptr)
-    bad = abits >= 0x7F800000
-    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
-    if (pid_m == 0) & (pid_w == 0):
-        tl.store(amax_ptr, tl.where(bad, float("nan"), amax))
-        tl.store(nonfinite_ptr, bad)
-    s_enc, s_dec = _encode_scale(amax)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    mask = (rows[:, None] < M) & (cols[None, :] < KW)
-    w = tl.load(xw_ptr + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0)
-    w = tl.where(bad, 0, w)
-    ab = _abs_bits(w)
-    rb = 0
-    if SR:
-        rb = tl.load(rb_ptr + rows[:, None] * KW + cols[None, :], mask=mask, other=0).to(tl.int32) & 0xFFFF
-    packed, sbyte, qsw, deqw = _encode_words(
-        w, ab, rb, s_enc, s_dec, amax, BLOCK_M, BLOCK_W, TILE16, SR, WRITE_QS, WRITE_DEQ
-    )
-    sbyte = tl.where(bad, 0x7F, sbyte)
-    if WRITE_DEQ:
-        deqw = tl.where(bad, 0x7FC07FC0, deqw)
-    _store_words(
-        data_ptr,
-        scales_ptr,
-        qs_ptr,
-        deq_ptr,
-        rows,
-        cols,
-        pid_w * BLOCK_W,
-        M,
-        KW,
-        packed,
-        sbyte,
-        qsw,
-        deqw,
-        BLOCK_W,
-        WRITE_PACKED,
-        WRITE_QS,
-        WRITE_DEQ,
-    )
-
-
 # ======================================================================================================
-# v2: whole 16-element blocks per thread, wide stores, grouped (multi-weight) kernels
+# whole 16-element blocks per thread, wide stores
 # ======================================================================================================
 MAGIC_BITS = tl.constexpr(0x4B400000)  # bits of 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer (RNE)
 #: sum over the 8 codes of a 4-word half of the bits(MAGIC) offsets, at their nibble positions (mod 2^32)
@@ -569,7 +284,7 @@ def _quant_blocks(
 
 
 @triton.jit
-def _quant_token_kernel_v2(
+def _quant_token_kernel_bf16(
     xw_ptr,
     data_ptr,
     scales_ptr,
@@ -643,7 +358,7 @@ def _quant_token_kernel_v2(
 
 
 @triton.jit
-def _amax_tile_v2(
+def _amax_tile_bf16(
     xw_ptr, r0, c0, M, KW, stride_w, A_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr
 ):
     """Bits of max|x| (NaN/inf propagate, sorting above finite values) over rows [r0, r0 + A_ROWS) x words
@@ -659,7 +374,7 @@ def _amax_tile_v2(
 
 
 @triton.jit
-def _amax_kernel_v2(
+def _amax_kernel_bf16(
     xw_ptr,
     scratch_ptr,
     M,
@@ -673,7 +388,7 @@ def _amax_kernel_v2(
     """Per-tensor amax: program (i, j) reduces an A_ROWS x BLOCK_W tile -> atomic max into scratch[0]."""
     if ALIGN4:
         stride_w = (stride_w // 4) * 4
-    bits = _amax_tile_v2(
+    bits = _amax_tile_bf16(
         xw_ptr,
         tl.program_id(0) * A_ROWS,
         tl.program_id(1) * BLOCK_W,
@@ -688,7 +403,7 @@ def _amax_kernel_v2(
 
 
 @triton.jit
-def _tensor_tile_v2(
+def _tensor_tile_bf16(
     xw_ptr,
     data_ptr,
     scales_ptr,
@@ -769,7 +484,7 @@ def _tensor_tile_v2(
 
 
 @triton.jit
-def _quant_tensor_kernel_v2(
+def _quant_tensor_kernel_bf16(
     xw_ptr,
     data_ptr,
     scales_ptr,
@@ -792,10 +507,10 @@ def _quant_tensor_kernel_v2(
     WRITE_DEQ: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
-    """Per-tensor scaling (global amax bits in scratch[0] from ``_amax_kernel_v2``)."""
+    """Per-tensor scaling (global amax bits in scratch[0] from ``_amax_kernel_bf16``)."""
     if ALIGN4:
         stride_w = (stride_w // 4) * 4
-    _tensor_tile_v2(
+    _tensor_tile_bf16(
         xw_ptr,
         data_ptr,
         scales_ptr,
@@ -856,7 +571,7 @@ def _grouped_amax_kernel(
     stride_w = (tl.load(row + 9).to(tl.int32) // 4) * 4
     tiles_w = tl.load(row + 12).to(tl.int32)
     local = pid - tl.load(row + 13).to(tl.int32)
-    bits = _amax_tile_v2(
+    bits = _amax_tile_bf16(
         xw_ptr,
         (local // tiles_w) * A_ROWS,
         (local % tiles_w) * BLOCK_W,
@@ -891,7 +606,7 @@ def _grouped_quant_kernel(
     stride_w = (tl.load(row + 9).to(tl.int32) // 4) * 4
     tiles_w = tl.load(row + 10).to(tl.int32)
     local = pid - tl.load(row + 11).to(tl.int32)
-    _tensor_tile_v2(
+    _tensor_tile_bf16(
         _tab_ptr(row, 0, tl.int32),
         _tab_ptr(row, 1, tl.int32),
         _tab_ptr(row, 2, tl.uint8),

@@ -13,7 +13,7 @@ first index of its tiles in a flat work list; a tile map gives each program its 
 ``start_g .. start_g + tiles_g - 1`` belong to weight g). Each amax program atomically maxes its partial
 amax into ``scratch[g]``; the quantize launch starts after the amax launch, so every weight's amax is final.
 This replaces 2 launches per weight (392 for Qwen3-1.7B's 196 linears, many of them small, each with its
-own ramp-up and tail) with 2 launches + 1 memset, and the kernels are the v2 formulation (whole 16-element
+own ramp-up and tail) with 2 launches + 1 memset, and the kernels are the BF16 fast path's (whole 16-element
 blocks per thread, 8-byte code stores). ``chunk_bytes`` splits the list into consecutive chunks (amax +
 quantize per chunk) so that a chunk's second read can hit L2; ``grouped=False`` is the previous
 per-weight sequence (A/B timing). Weights the grouped kernels cannot take (not bf16, rows not 16-byte
@@ -25,8 +25,8 @@ updated in place by the optimizer (their addresses must not change), so the grap
 Bytes per parameter and step: 2 (amax read) + 2 (quantize read) + 0.5625 (packed write) [+ 2 with the
 BF16 ``qs`` GEMM operand], reported by ``scripts/bench_kernels.py`` against the device copy bandwidth.
 Worked example (Qwen3-1.7B, 1.41 B params): 4.5625 B/param = 6.43 GB per sync, i.e. 1.6 ms at 4 TB/s.
-Measured on the H200 (benchmarks/RESULTS.md): per weight 3.37 ms (v1), grouped 2.19 ms (1.56 ms per
-billion parameters, 74% of the copy bandwidth on this traffic).
+Measured on the H200 (benchmarks/RESULTS.md): grouped 2.13-2.24 ms (1.51-1.59 ms per billion parameters,
+73-76% of the copy bandwidth on this traffic); per weight with the first quantize formulation 3.37 ms.
 
 Example::
 
@@ -144,7 +144,7 @@ class WeightRequantizer:
 
     def _build_groups(self, chunk_bytes: int | None) -> None:
         # the tile maps below depend on the launch sizes: keep the ones they were built with
-        self._cfg = cfg = dict(_q.V2_CONFIG)
+        self._cfg = cfg = dict(_q.BF16_CONFIG)
         idx = [i for i, w in enumerate(self.weights) if self._groupable(w)]
         self._single = [i for i in range(len(self.weights)) if i not in set(idx)]
         if not idx:

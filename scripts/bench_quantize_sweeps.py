@@ -1,15 +1,22 @@
-"""A/B of the Triton NVFP4 quantize formulations and weight-sync launch strategies, side by side (issue #6).
+"""Launch-size sweeps of the Triton NVFP4 quantize kernels and the weight-sync strategies (issue #6).
 
-Prints one JSON line per case: ``impl`` v1 (one uint8 store per input word) vs v2 (whole 16-element blocks
-per thread, 8-byte code stores) on 8192x8192 bf16 as a fraction of the copy bandwidth measured in the same
-run (bytes read + written that the output needs); a sweep of v2's launch sizes; and weight sync over the 196
-linears of a Qwen3-1.7B-shaped model: v1 per weight, v2 per weight, grouped (one amax + one quantize launch
-for all weights) and grouped in L2-sized chunks.
+Prints one JSON line per case, as a fraction of the copy bandwidth measured in the same run (bytes read +
+written that the output needs):
 
-    python scripts/bench_quantize_impls.py                         # A/B at 8192^2 + weight-sync variants
-    python scripts/bench_quantize_impls.py --only learner,sync_sweep  # [4096, K] activations; sync launch sizes
+  ab          8192x8192 bf16, each output combination (per token / per tensor, packed, qs, deq), then a
+              sweep of the per-token and per-tensor launch sizes (``quantize.BF16_CONFIG``)
+  sync        weight sync over the 196 linears of a Qwen3-1.7B-shaped model: per weight, grouped (one amax +
+              one quantize launch for all weights), grouped in L2-sized chunks
+  learner     per-token [4096, K] activations (the learner's forward), packed + deq and packed, over the
+              per-token launch sizes (``default`` marks the library's)
+  sync_sweep  grouped weight sync over the amax / quantize launch sizes
+
+    python scripts/bench_quantize_sweeps.py                            # ab + sync
+    python scripts/bench_quantize_sweeps.py --only learner,sync_sweep
 
 Quantize times are CUDA-graph replays with preallocated outputs (GPU time only, no host launch cost).
+The first quantize formulation (v1), which this script compared against until it was removed, is in git
+history; its numbers are in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ def _graph_ms(fn) -> float:
 
 def bench_learner_shapes(copy_gbps: float) -> None:
     """Per-token quantize of [4096, K] bf16 activations, packed + BF16 ``deq`` (the learner's forward case)
-    and packed only: v1 against v2 at its default and a sweep of v2's per-token launch sizes."""
-    default = dict(Q.V2_CONFIG)
+    and packed only, over the per-token launch sizes."""
+    default = dict(Q.BF16_CONFIG)
     for k in LEARNER_K:
         x = torch.randn(4096, k, device="cuda", dtype=torch.bfloat16)
         n = x.numel()
@@ -52,13 +59,9 @@ def bench_learner_shapes(copy_gbps: float) -> None:
             ("packed", {}, 2 * n + n // 2 + n // 16),
         ):
             out = Q.quantize_nvfp4_triton(x, per_token=True, **kw)
-            configs = [("v1", None)] + [
-                ("v2", (tpt, words)) for tpt in (8, 16, 32) for words in (1024, 2048, 4096, 8192)
-            ]
-            for impl, cfg in configs:
-                Q._IMPL = impl
-                if cfg is not None:
-                    Q.V2_CONFIG.update(token_words_per_thread=cfg[0], token_program_words=cfg[1])
+            configs = [(tpt, words) for tpt in (8, 16, 32) for words in (1024, 2048, 4096, 8192)]
+            for cfg in configs:
+                Q.BF16_CONFIG.update(token_words_per_thread=cfg[0], token_program_words=cfg[1])
                 ms = _graph_ms(
                     lambda x=x, out=out, kw=kw: Q.quantize_nvfp4_triton(x, per_token=True, out=out, **kw)
                 )
@@ -66,24 +69,23 @@ def bench_learner_shapes(copy_gbps: float) -> None:
                     bench="quantize_learner",
                     K=k,
                     case=case,
-                    impl=impl,
                     tpt_words=cfg,
+                    default=cfg == (default["token_words_per_thread"], default["token_program_words"]),
                     us=ms * 1e3,
                     frac_copy_bw=nbytes / ms / 1e6 / copy_gbps,
                 )
-                Q.V2_CONFIG.update(default)
+                Q.BF16_CONFIG.update(default)
         del x, out
-    Q._IMPL = "v2"
 
 
 def bench_sync_sweep(copy_gbps: float) -> None:
     """Grouped weight sync (CUDA graph, Qwen3-1.7B linears) over the amax / quantize launch sizes."""
-    default = dict(Q.V2_CONFIG)
+    default = dict(Q.BF16_CONFIG)
     ws = _qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
     for a_rows, a_w, a_warps in ((32, 512, 8), (64, 512, 8), (32, 1024, 8), (64, 1024, 16), (16, 512, 4)):
         for nb, warps in ((32, 8), (64, 8), (32, 4)):
-            Q.V2_CONFIG.update(
+            Q.BF16_CONFIG.update(
                 amax_rows=a_rows, amax_block_w=a_w, amax_warps=a_warps, tile16_nb=nb, tile16_warps=warps
             )
             sync = WeightRequantizer(ws)
@@ -98,8 +100,8 @@ def bench_sync_sweep(copy_gbps: float) -> None:
                 frac_copy_bw_traffic=4.5625 * nparam / ms / 1e6 / copy_gbps,
             )
             del sync
-            Q.V2_CONFIG.clear()
-            Q.V2_CONFIG.update(default)
+            Q.BF16_CONFIG.clear()
+            Q.BF16_CONFIG.update(default)
 
 
 def main(argv=None) -> int:
@@ -129,18 +131,15 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
         "per_tensor_1x16": ({"per_token": False}, packed),
         "per_tensor_16x16": ({"per_token": False, "tile16": True}, packed),
     }
-    for impl in ("v1", "v2") if "ab" in only else ():
-        Q._IMPL = impl
-        for case, (kw, nbytes) in cases.items():
-            out = Q.quantize_nvfp4_triton(x, **kw)
-            ms = _graph_ms(lambda kw=kw, out=out: Q.quantize_nvfp4_triton(x, out=out, **kw))
-            emit(bench="quantize", impl=impl, case=case, ms=ms, frac_copy_bw=nbytes / ms / 1e6 / copy_gbps)
-            del out
-    Q._IMPL = "v2"
-    default = dict(Q.V2_CONFIG)
+    for case, (kw, nbytes) in cases.items() if "ab" in only else ():
+        out = Q.quantize_nvfp4_triton(x, **kw)
+        ms = _graph_ms(lambda kw=kw, out=out: Q.quantize_nvfp4_triton(x, out=out, **kw))
+        emit(bench="quantize", case=case, ms=ms, frac_copy_bw=nbytes / ms / 1e6 / copy_gbps)
+        del out
+    default = dict(Q.BF16_CONFIG)
     for tpt in (8, 16, 32) if "ab" in only else ():
         for words in (2048, 4096, 8192):
-            Q.V2_CONFIG.update(token_words_per_thread=tpt, token_program_words=words)
+            Q.BF16_CONFIG.update(token_words_per_thread=tpt, token_program_words=words)
             ms = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=True))
             emit(
                 bench="quantize_sweep",
@@ -149,10 +148,10 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
                 ms=ms,
                 frac_copy_bw=packed / ms / 1e6 / copy_gbps,
             )
-    Q.V2_CONFIG.clear()
-    Q.V2_CONFIG.update(default)
+    Q.BF16_CONFIG.clear()
+    Q.BF16_CONFIG.update(default)
     for nb, warps in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8)) if "ab" in only else ():
-        Q.V2_CONFIG.update(tile16_nb=nb, tile16_warps=warps, tensor_nb=nb, tensor_warps=warps)
+        Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps, tensor_nb=nb, tensor_warps=warps)
         ms16 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False, tile16=True))
         ms1 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False))
         emit(
@@ -163,28 +162,20 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
             ms_1x16=ms1,
             frac_traffic_16x16=(2 * n + packed) / ms16 / 1e6 / copy_gbps,
         )
-    Q.V2_CONFIG.clear()
-    Q.V2_CONFIG.update(default)
+    Q.BF16_CONFIG.clear()
+    Q.BF16_CONFIG.update(default)
     x = None
     if "sync" not in only:
         return
     ws = _qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
-    variants = (
-        ("v1", {"grouped": False}),
-        ("v2", {"grouped": False}),
-        ("v2", {}),
-        ("v2", {"chunk_bytes": 32 << 20}),
-        ("v2", {"chunk_bytes": 128 << 20}),
-    )
-    for impl, kw in variants:
-        Q._IMPL = impl
+    variants = ({"grouped": False}, {}, {"chunk_bytes": 32 << 20}, {"chunk_bytes": 128 << 20})
+    for kw in variants:
         sync = WeightRequantizer(ws, **kw)
         sync.sync()
         ms = do_bench(sync.sync)
         emit(
             bench="weight_sync",
-            impl=impl,
             kw=str(kw),
             launches=sync.num_launches,
             ms=ms,
