@@ -56,7 +56,8 @@ from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-#: the decode kernel beats cuBLAS BF16 at batch 1 only (H200: Qwen3-4B block 1.32x); 2 rows already lose
+#: the decode kernel beats cuBLAS BF16 at batch 1 only (H200: Qwen3-4B block 1.22-1.32x, kernel alone); 2 rows
+#: already lose (0.92x)
 DECODE_MAX_ROWS = 1
 
 
@@ -81,8 +82,10 @@ def gemm_mode() -> str:
 def decode_mode() -> str:
     """``$MINITE_TRITON_DECODE``: ``off`` (default) or ``auto``.
 
-    ``off`` until the one-launch decode activation quantizer (``decode.quantize_for_decode``) has passed its
-    GPU byte-equality test on the H200 (it passes under Triton's interpreter)."""
+    ``off`` by default: the decode kernel and its one-launch activation quantizer pass their GPU tests, but
+    with the quantization counted a batch-1 Qwen3-4B block is 0.86x cuBLAS BF16 on the H200
+    (benchmarks/RESULTS.md), no faster than the dequantized-weight GEMM it would replace. ``auto`` saves
+    the BF16 weight copy's memory (4.5 instead of 16 bits per weight read)."""
     raw = os.environ.get("MINITE_TRITON_DECODE", "off").strip().lower()
     if raw not in DECODE_MODES:
         raise ValueError(f"MINITE_TRITON_DECODE={raw!r} is not valid; choose one of {list(DECODE_MODES)}")

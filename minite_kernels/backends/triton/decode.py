@@ -25,9 +25,11 @@ order); the powers of two go to the epilogue.
 - Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
   to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
-Measured on the H200 (benchmarks/RESULTS.md): at batch 1 the kernel reads a Qwen3-4B block 1.32x faster
-than cuBLAS BF16 (k/v projections ~3x, the large ones ~1x); from 2 rows on it is slower than BF16, so the
-backend routes only single-row GEMMs here (and only with ``MINITE_TRITON_DECODE=auto``).
+Measured on the H200 (benchmarks/RESULTS.md): at batch 1 the kernel alone reads a Qwen3-4B block 1.22-1.32x
+faster than cuBLAS BF16 (k/v projections ~3x, the large ones ~1x), 0.86x with the activation quantization;
+it reads the weight at ~1.2 TB/s, bound by the per-nibble decode/FMA issue rate, not memory. From 2 rows on it
+is slower than BF16, so the backend routes only single-row GEMMs here, and only with
+``MINITE_TRITON_DECODE=auto``.
 
 Worked example: K = 16, x = w = ones: amax 1, s_b 448, q = 6 for both; acc = 16 * 2688²; y = 16.
 """
