@@ -38,7 +38,6 @@ input's NVFP4 bytes (3.6x fewer, dequantized again in backward); same values eit
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 import torch
 
 from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
+from minite_kernels.envswitch import EnvChoice
 from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
 
 
@@ -318,31 +318,18 @@ def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias:
     return y, qxs
 
 
-SAVE_MODES = ("packed", "dequantized")
-# (raw $MINITE_SAVE_ACTIVATIONS, parsed mode) of the last valid read
-_SAVE_MEMO: tuple[str | None, str] = (None, "dequantized")
-
-
-def save_mode() -> str:
-    """``$MINITE_SAVE_ACTIVATIONS``: what a quantized linear keeps of its quantized input for backward.
-
-    ``dequantized`` (default): the BF16 dequantized copy, where the backend already made it in the forward
-    (the Triton backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no
-    dequantize launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element).
-    Operands without that copy (the emulated backend's) are saved packed.
-    ``packed``: the NVFP4 bytes (0.5625 bytes per element), dequantized again in backward.
-    H200, Qwen3-1.7B shape, seq 4096: step 1.14x vs 1.28x BF16, peak memory 32.8 vs 30.8 GB (BF16 32.4 GB;
-    benchmarks/RESULTS.md). Read on every call, parsed once per value."""
-    global _SAVE_MEMO
-    raw = os.environ.get("MINITE_SAVE_ACTIVATIONS", "dequantized")
-    memo = _SAVE_MEMO
-    if raw == memo[0]:
-        return memo[1]
-    mode = raw.strip().lower()
-    if mode not in SAVE_MODES:
-        raise ValueError(f"MINITE_SAVE_ACTIVATIONS={raw!r} is not valid; choose one of {list(SAVE_MODES)}")
-    _SAVE_MEMO = (raw, mode)
-    return mode
+SAVE_MODES = ("dequantized", "packed")
+#: ``save_mode()``: ``$MINITE_SAVE_ACTIVATIONS``, what a quantized linear keeps of its quantized input for
+#: backward.
+#:
+#: ``dequantized`` (default): the BF16 dequantized copy, where the backend already made it in the forward
+#: (the Triton backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no
+#: dequantize launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element).
+#: Operands without that copy (the emulated backend's) are saved packed.
+#: ``packed``: the NVFP4 bytes (0.5625 bytes per element), dequantized again in backward.
+#: H200, Qwen3-1.7B shape, seq 4096: step 1.14-1.31x vs 1.28-1.46x BF16 (same-process medians), peak memory
+#: 32.8 vs 30.8 GB (BF16 32.4 GB; benchmarks/RESULTS.md).
+save_mode = EnvChoice("MINITE_SAVE_ACTIVATIONS", SAVE_MODES, default="dequantized")
 
 
 class _QLinearFunction(torch.autograd.Function):

@@ -358,7 +358,7 @@ def test_save_mode_rejects_unknown_values(monkeypatch):
     from minite_kernels.modules.functional import save_mode
 
     monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8'.*\['packed', 'dequantized'\]"):
+    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8'.*\['dequantized', 'packed'\]"):
         save_mode()
     monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", " Dequantized")
     assert save_mode() == "dequantized"

@@ -39,12 +39,12 @@ misses. ``clear_cache()`` drops it.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 
 from minite_kernels.backends.base import Backend, QuantizedOperand, capability_str, cuda_capability
+from minite_kernels.envswitch import EnvChoice
 from minite_kernels.formats import NVFP4Tensor
 from minite_kernels.recipes import OperandSpec
 
@@ -61,35 +61,16 @@ DECODE_MODES = ("auto", "off")
 DECODE_MAX_ROWS = 1
 
 
-# (raw $MINITE_TRITON_GEMM, parsed mode) of the last valid read
-_MODE_MEMO: tuple[str | None, str] = (None, "dequant")
+#: ``gemm_mode()``: ``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time)
+gemm_mode = EnvChoice("MINITE_TRITON_GEMM", GEMM_MODES, default="dequant")
 
 
-def gemm_mode() -> str:
-    """``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time; parsed once per value)."""
-    global _MODE_MEMO
-    raw = os.environ.get("MINITE_TRITON_GEMM", "dequant")
-    memo = _MODE_MEMO
-    if raw == memo[0]:
-        return memo[1]
-    mode = raw.strip().lower()
-    if mode not in GEMM_MODES:
-        raise ValueError(f"MINITE_TRITON_GEMM={mode!r} is not valid; choose one of {list(GEMM_MODES)}")
-    _MODE_MEMO = (raw, mode)  # one atomic rebinding: readers never see a half-updated pair
-    return mode
-
-
-def decode_mode() -> str:
-    """``$MINITE_TRITON_DECODE``: ``off`` (default) or ``auto``.
-
-    ``off`` by default: the decode kernel and its one-launch activation quantizer pass their GPU tests, but
-    with the quantization counted a batch-1 Qwen3-4B block is 0.86x cuBLAS BF16 on the H200
-    (benchmarks/RESULTS.md), no faster than the dequantized-weight GEMM it would replace. ``auto`` saves
-    the BF16 weight copy's memory (4.5 instead of 16 bits per weight read)."""
-    raw = os.environ.get("MINITE_TRITON_DECODE", "off").strip().lower()
-    if raw not in DECODE_MODES:
-        raise ValueError(f"MINITE_TRITON_DECODE={raw!r} is not valid; choose one of {list(DECODE_MODES)}")
-    return raw
+#: ``decode_mode()``: ``$MINITE_TRITON_DECODE``, ``off`` (default) or ``auto``. Off by default: the decode
+#: kernel and its one-launch activation quantizer pass their GPU tests, but with the quantization counted a
+#: batch-1 Qwen3-4B block is 0.86x cuBLAS BF16 on the H200 (benchmarks/RESULTS.md), no faster than the
+#: dequantized-weight GEMM it would replace; ``auto`` saves the BF16 weight copy's memory (4.5 instead of 16
+#: bits per weight read).
+decode_mode = EnvChoice("MINITE_TRITON_DECODE", DECODE_MODES, default="off")
 
 
 @dataclass(repr=False)
