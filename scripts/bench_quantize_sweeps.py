@@ -14,7 +14,9 @@ written that the output needs):
     python scripts/bench_quantize_sweeps.py                            # ab + sync
     python scripts/bench_quantize_sweeps.py --only learner,sync_sweep
 
-Quantize times are CUDA-graph replays with preallocated outputs (GPU time only, no host launch cost).
+The output-combination cases of ``ab`` and all of ``learner`` are CUDA-graph replays with preallocated outputs
+(GPU time only, no host launch cost); the ``ab`` launch-size sweeps and the weight-sync cases use
+``do_bench`` (8192² inputs and whole-model syncs run long enough that the launch cost is hidden).
 The first quantize formulation (v1), which this script compared against until it was removed, is in git
 history; its numbers are in benchmarks/RESULTS.md.
 """
