@@ -6,8 +6,9 @@ import os
 
 
 class EnvChoice:
-    """``EnvChoice("MINITE_X", ("a", "b"), default="a")()`` -> the lower-cased, stripped value of ``$MINITE_X``
-    (``default`` when unset); an invalid value raises ``ValueError`` naming the variable and the choices."""
+    """``EnvChoice("MINITE_X", ("a", "b"), default="a")()`` -> the lower-cased, stripped value of
+    ``$MINITE_X`` (``default`` when unset); an invalid value raises ``ValueError`` naming the variable and
+    the choices."""
 
     __slots__ = ("choices", "default", "name", "_memo")
 

@@ -853,7 +853,7 @@ def main(argv=None) -> int:
         "--model-rounds",
         type=int,
         default=1,
-        help="> 1: time bf16 / nvfp4 (each MINITE_SAVE_ACTIVATIONS) in alternation this many rounds, report medians",
+        help="> 1: time bf16 / nvfp4 (each MINITE_SAVE_ACTIVATIONS) in alternation this many rounds; medians",
     )
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
     p.add_argument(

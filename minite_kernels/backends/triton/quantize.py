@@ -22,8 +22,9 @@ round-to-nearest-even trick (exact for ``t < 2^22``). Example: ``p = 282.24`` ->
 Non-finite input poisons its scaling domain exactly as the reference does: amax NaN, scale bytes 0x7F,
 codes 0.
 
-BF16 inputs with unit stride along K (rows up to 16384 elements per token) take the word-wise fast path of
-``quantize_bf16.py`` (launch geometry ``BF16_CONFIG``); other dtypes and layouts use the generic kernels below.
+BF16 inputs with unit stride along K (rows up to 16384 elements per token) take the word-wise fast path
+of ``quantize_bf16.py`` (launch geometry ``BF16_CONFIG``); other dtypes and layouts use the generic kernels
+below.
 
 Per-tensor scaling is two launches (an amax reduction, then the quantize pass): the tensor is read twice.
 Per-token scaling is one launch: each program reads its rows twice (row amax, then quantize), the second
@@ -478,12 +479,14 @@ def _bf16_words_ok(x: torch.Tensor, rbits: torch.Tensor | None) -> bool:
     )
 
 
-#: launch geometry of the BF16 fast-path kernels (a benchmark may edit it in-process to sweep; the defaults are used
-#: by the library). ``token_words_per_thread``: words held per thread in the per-token kernel;
+#: launch geometry of the BF16 fast-path kernels (a benchmark may edit it in-process to sweep; the defaults
+#: are used by the library). ``token_words_per_thread``: words held per thread in the per-token kernel;
 #: ``token_program_words``: words per program for short rows (several rows per program).
 BF16_CONFIG: dict[str, int] = {
     "token_words_per_thread": 16,
-    "token_program_words": 2048,  # H200 sweep: 0.063 ms on 8192^2 (69% of copy BW) vs 0.093 ms at 4096
+    # H200 sweep: 0.063 ms on 8192^2 (69% of copy BW) vs 0.093 ms at 4096; on [4096, 2048] 1024 (one row per
+    # program) took 11.2 instead of 14.6 us (benchmarks/RESULTS.md): a candidate, not yet GPU byte-tested
+    "token_program_words": 2048,
     "tensor_block_m": 8,  # per-tensor 1x16: rows x blocks per program
     "tensor_nb": 32,
     "tensor_warps": 4,
@@ -501,7 +504,8 @@ def _contig_aligned(t: torch.Tensor | None, align: int) -> bool:
 
 
 def _bf16_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
-    """The BF16 kernels store 8-byte code words and 16-byte qs/deq vectors: the buffers must be contiguous and aligned."""
+    """The BF16 kernels store 8-byte code words and 16-byte qs/deq vectors: caller-provided buffers must be
+    contiguous and aligned."""
     if out is None:
         return True
     data, scales, _a, _nf, qs, deq = out
