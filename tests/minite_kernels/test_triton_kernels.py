@@ -386,6 +386,29 @@ def test_bf16_fast_path_8192_bytes_match_reference(scaling, tile):
         assert torch.equal(a2.view(torch.int32), a.view(torch.int32))
 
 
+@pytest.mark.parametrize("words_per_thread", [8, 16, 32])
+@pytest.mark.parametrize("program_words", [1024, 2048, 4096, 8192])
+def test_every_swept_per_token_launch_size_is_byte_exact(words_per_thread, program_words, monkeypatch):
+    """Each per-token launch size ``scripts/bench_quantize_sweeps.py`` may recommend (learner K values, a
+    poisoned row, packed + qs + deq) gives the reference's bytes, so a default can change on timing alone."""
+    from minite_kernels.backends.triton import quantize as q
+
+    cfg = dict(q.BF16_CONFIG, token_words_per_thread=words_per_thread, token_program_words=program_words)
+    monkeypatch.setattr(q, "BF16_CONFIG", cfg)
+    for k in (1024, 2048, 2560, 6144):
+        x = _heavy(64, k, seed=k)
+        x[5, 17] = float("nan")
+        d, s, a, nf, qs, deq = q.quantize_nvfp4_triton(x, per_token=True, write_qs=True, write_deq=True)
+        ref = _ref(x, scaling="per_token")
+        _assert_same_bytes(d, s, a, ref)
+        assert torch.equal(nf.cpu(), torch.isnan(ref.amax))
+        dr = ref.dequantize(torch.bfloat16)
+        fin = ~torch.isnan(dr)
+        assert torch.equal(deq.cpu().view(torch.int16)[fin], dr.view(torch.int16)[fin])
+        qfin = ~torch.isnan(ref.scales_f32()).repeat_interleave(16, dim=1)
+        assert torch.equal(qs.cpu().view(torch.int16)[qfin], _qs_bits_ref(ref)[qfin])
+
+
 def _qwen3_1p7b_layer(device="cuda"):
     shapes = [
         (2048, 2048),
