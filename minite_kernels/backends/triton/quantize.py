@@ -503,11 +503,9 @@ def _contig_aligned(t: torch.Tensor | None, align: int) -> bool:
     return t is not None and t.is_contiguous() and t.data_ptr() % align == 0
 
 
-def _bf16_outputs_ok(out: QuantOut | None, write_packed: bool) -> bool:
+def _bf16_outputs_ok(out: QuantOut, write_packed: bool) -> bool:
     """The BF16 kernels store 8-byte code words and 16-byte qs/deq vectors: caller-provided buffers must be
     contiguous and aligned."""
-    if out is None:
-        return True
     data, scales, _a, _nf, qs, deq = out
     if write_packed and not (_contig_aligned(data, 8) and _contig_aligned(scales, 1)):
         return False
@@ -579,8 +577,6 @@ def _launch_bf16(
     from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16
 
     nbk = kw // 8
-    flags = {"SR": sr, "WRITE_PACKED": write_packed, "WRITE_QS": write_qs, "WRITE_DEQ": write_deq}
-    flags["RNE_INT"] = rne_int
     if scratch is None:
         scratch = torch.zeros(2, dtype=torch.int32, device=x.device)
     else:
@@ -616,13 +612,17 @@ def _launch_bf16(
         rb,
         m,
         kw,
-        xw.stride(0),
+        stride_w,
         BLOCK_M=bm,
         NB=nb,
         ALIGN4=align4,
         TILE16=tile16,
+        SR=sr,
+        WRITE_PACKED=write_packed,
+        WRITE_QS=write_qs,
+        WRITE_DEQ=write_deq,
+        RNE_INT=rne_int,
         num_warps=warps,
-        **flags,
     )
 
 
