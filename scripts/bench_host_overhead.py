@@ -14,6 +14,8 @@ script times exactly that plumbing on tiny tensors, where every kernel costs nex
   triton/<recipe>     the real ``TritonBackend`` with its kernel launchers replaced by stubs that allocate the
                       outputs (runs on CPU without a GPU): the Triton backend's own Python on top
   emulated/<recipe>   the real emulated backend (pure PyTorch reference) on the same tiny shapes
+  tritonstub/<recipe> the real ``TritonBackend`` with stubbed launchers on any device (on CUDA: triton minus
+                      tritonstub is what the Triton launches themselves cost the host)
 
 It prints, per case, microseconds per linear fwd+bwd (best of ``--repeats`` timings of ``--iters`` steps) on
 stderr, and one JSON line on stdout::
@@ -42,6 +44,7 @@ import argparse
 import contextlib
 import cProfile
 import json
+import os
 import pstats
 import sys
 import time
@@ -188,18 +191,21 @@ def build_case(case: str, device: torch.device, k: int, n: int, dtype: torch.dty
     ctx = contextlib.nullcontext()
     if kind == "fake":
         backend = make_fake_backend(device)
-    elif kind == "triton":
+    elif kind in ("triton", "tritonstub"):
         from minite_kernels.backends.triton import TritonBackend
 
         backend = TritonBackend(device)
-        if device.type != "cuda":
+        if device.type != "cuda" or kind == "tritonstub":
             ctx = stub_triton_kernels()
     elif kind == "emulated":
         from minite_kernels.backends.emulated import EmulatedBackend
 
         backend = EmulatedBackend(device)
     else:
-        raise ValueError(f"unknown case {case!r}; kinds: torch_linear, fake/, triton/, emulated/")
+        raise ValueError(
+            f"unknown case {case!r}; kinds: torch_linear, autograd_function_floor, fake/, triton/, tritonstub/, "
+            "emulated/"
+        )
     layer = Linear(k, n, bias=False, device=device, dtype=dtype, qlinear_params=recipe, backend=backend)
     return layer, backend, ctx
 
@@ -218,6 +224,24 @@ def step_fn(layer: nn.Module, xs: list[torch.Tensor]):
         x.grad = None
 
     return step
+
+
+def phase_fns(layer: nn.Module, xs: list[torch.Tensor]) -> dict:
+    """The forward alone, without and with autograd recording (the rest of a step is the backward)."""
+    i = [0]
+
+    def nxt() -> torch.Tensor:
+        i[0] += 1
+        return xs[i[0] % len(xs)]
+
+    def fwd_nograd():
+        with torch.no_grad():
+            layer(nxt())
+
+    def fwd_grad():
+        layer(nxt())
+
+    return {"fwd_nograd": fwd_nograd, "fwd_grad": fwd_grad}
 
 
 def time_case(step, iters: int, repeats: int, sync) -> float:
@@ -273,6 +297,30 @@ def count_syncs(step, device: torch.device) -> int | None:
     return sum("synchroniz" in str(w.message) for w in rec)
 
 
+def op_table(step, device: torch.device, iters: int = 50) -> dict:
+    """Per-op host time of ``iters`` steps (torch profiler, printed on stderr) and, on CUDA, the GPU's busy
+    time per step: a step whose GPU time is below its host time is host-bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        sync()
+        wall = (time.perf_counter() - t0) / iters * 1e6
+    ka = prof.key_averages()
+    print(ka.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+    rec = {"profiled_wall_us_per_step": round(wall, 1)}
+    if device.type == "cuda":
+        gpu = sum(e.self_device_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CUDA)
+        rec["gpu_busy_us_per_step"] = round(gpu / iters, 1)
+    return rec
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
@@ -283,6 +331,20 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cases", default="", help="comma-separated subset (default: all)")
     p.add_argument("--profile", default="", help="print the cProfile top functions of this case")
+    p.add_argument(
+        "--op-table",
+        default="",
+        help="comma-separated cases: print the torch profiler's per-op host time and GPU busy time per step",
+    )
+    p.add_argument(
+        "--env-variants",
+        default="",
+        help="NAME=V1,V2: run each triton case once per value of environment variable NAME "
+        "(named 'case[NAME=V]'), all in this process",
+    )
+    p.add_argument(
+        "--phases", action="store_true", help="also time the forward alone, without and with autograd"
+    )
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: tiny ops, no thread wake-ups)"
     )
@@ -297,13 +359,29 @@ def main(argv=None) -> int:
         cases += [f"{kind}/{r}" for r in RECIPES]
     if args.cases:
         cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if args.profile and args.profile not in cases:
-        cases.append(args.profile)
+    tables = [c.strip() for c in args.op_table.split(",") if c.strip()]
+    for c in [args.profile, *tables]:
+        if c and c not in cases:
+            cases.append(c)
 
+    env_name, env_values = None, []
+    if args.env_variants:
+        env_name, _, vals = args.env_variants.partition("=")
+        env_values = [v for v in vals.split(",") if v]
+        expand = lambda c: c.startswith("triton/") and "[" not in c  # noqa: E731
+        cases = [
+            f"{c}[{env_name}={v}]" if expand(c) else c
+            for c in cases
+            for v in (env_values if expand(c) else [None])
+        ]
+        cases = list(dict.fromkeys(cases))
     warnings.filterwarnings("ignore", category=RuntimeWarning, module="minite_kernels")
-    us, calls, syncs, ops, pycalls = {}, {}, {}, {}, {}
+    us, calls, syncs, ops, pycalls, optab, phases = {}, {}, {}, {}, {}, {}, {}
     for case in cases:
-        layer, backend, ctx = build_case(case, device, args.k, args.n, dtype)
+        base_case, _, variant = case.partition("[")
+        if variant:
+            os.environ[env_name] = variant.rstrip("]").partition("=")[2]
+        layer, backend, ctx = build_case(base_case, device, args.k, args.n, dtype)
         xs = [
             torch.randn(1, args.tokens, args.k, device=device, dtype=dtype, requires_grad=True)
             for _ in range(2)
@@ -311,6 +389,11 @@ def main(argv=None) -> int:
         step = step_fn(layer, xs)
         with ctx:
             us[case] = time_case(step, args.iters, args.repeats, sync)
+            if args.phases:
+                phases[case] = {
+                    name: round(time_case(fn, args.iters, args.repeats, sync), 1)
+                    for name, fn in phase_fns(layer, xs).items()
+                }
             if hasattr(backend, "quantize_calls"):
                 q0, g0 = backend.quantize_calls, backend.gemm_calls
                 step()
@@ -327,6 +410,9 @@ def main(argv=None) -> int:
                     step()
                 prof.disable()
                 pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+            if case in tables:
+                print(f"--- torch profiler, {case}", file=sys.stderr)
+                optab[case] = op_table(step, device)
         print(
             f"{case:42s} {us[case]:9.1f} us / linear fwd+bwd, {ops[case]['top_level']:3d} top-level ATen ops "
             f"({ops[case]['all']} in all), {pycalls[case]:.0f} Python calls",
@@ -355,6 +441,10 @@ def main(argv=None) -> int:
         rec["calls_per_linear"] = calls
     if syncs:
         rec["host_syncs_per_linear"] = syncs
+    if optab:
+        rec["op_table"] = optab
+    if phases:
+        rec["us_per_phase"] = phases
     print(json.dumps(rec), flush=True)
     return 0
 

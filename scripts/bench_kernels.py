@@ -742,40 +742,44 @@ def bench_model(args):
 
 
 def _model_interleaved(base, step, args) -> None:
-    """bf16 and ``nvfp4_per_token_bf16_bwd`` with each saved-activation mode (``MINITE_SAVE_ACTIVATIONS``),
-    timed in alternation for ``--model-rounds`` rounds in one process (bf16 first, the NVFP4 variants in an
-    order rotated every round): a host-bound step varies between runs (and lent machines), so only
-    same-process, interleaved medians are compared. Also one step's peak memory per case."""
+    """bf16 and ``nvfp4_per_token_bf16_bwd`` under each value of one environment switch (``--model-variants``,
+    default ``MINITE_SAVE_ACTIVATIONS=dequantized,packed``), timed in alternation for ``--model-rounds`` rounds
+    in one process (bf16 first, the NVFP4 variants in an order rotated every round): a host-bound step varies
+    between runs (and lent machines), so only same-process, interleaved medians are compared. Also one step's
+    peak memory per case. With a tiny ``--seq`` the GPU work is negligible and the times are host time."""
     import statistics
 
     from minite_kernels import quantize_model
 
     m = copy.deepcopy(base)
     quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
-    variants = ["dequantized", "packed"]
-    default_save = os.environ.get("MINITE_SAVE_ACTIVATIONS")
+    var, _, vals = args.model_variants.partition("=")
+    variants = [v for v in vals.split(",") if v]
+    default_val = os.environ.get(var)
+
+    def label(v: str) -> str:
+        if var == "MINITE_SAVE_ACTIVATIONS":  # the names earlier results used
+            return f"nvfp4_per_token_bf16_bwd_save_{v}"
+        return f"nvfp4_per_token_bf16_bwd[{var}={v}]"
+
     times: dict[str, list[float]] = {"bf16": []}
     for r in range(args.model_rounds):
         times["bf16"].append(bench(step(base), rep=600, warmup=100))
-        for save in variants[r % len(variants) :] + variants[: r % len(variants)]:
-            os.environ["MINITE_SAVE_ACTIVATIONS"] = save
-            times.setdefault(f"nvfp4_per_token_bf16_bwd_save_{save}", []).append(
-                bench(step(m), rep=600, warmup=100)
-            )
+        for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
+            os.environ[var] = v
+            times.setdefault(label(v), []).append(bench(step(m), rep=600, warmup=100))
     peak_gb = {}
-    for case, model, save in [("bf16", base, "packed")] + [
-        (f"nvfp4_per_token_bf16_bwd_save_{sv}", m, sv) for sv in variants
-    ]:
-        os.environ["MINITE_SAVE_ACTIVATIONS"] = save
+    for case, model, v in [("bf16", base, variants[0])] + [(label(v), m, v) for v in variants]:
+        os.environ[var] = v
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         step(model)()
         torch.cuda.synchronize()
         peak_gb[case] = torch.cuda.max_memory_allocated() / 1e9
-    if default_save is None:
-        os.environ.pop("MINITE_SAVE_ACTIVATIONS", None)
+    if default_val is None:
+        os.environ.pop(var, None)
     else:
-        os.environ["MINITE_SAVE_ACTIVATIONS"] = default_save
+        os.environ[var] = default_val
     ref = statistics.median(times["bf16"])
     for case, ts in times.items():
         med = statistics.median(ts)
@@ -797,7 +801,8 @@ def _model_interleaved(base, step, args) -> None:
 
 
 def _profile_step(fn, name: str) -> None:
-    """One profiled step: wall time vs summed GPU kernel time (CPU-bound when wall >> GPU), top kernels."""
+    """One profiled step: wall time vs summed GPU kernel time (host-bound when wall >> GPU), top kernels.
+    (Before 2026-11-29T14:30 the sum also counted the CPU ops' device-time columns: busy fractions above 1.)"""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -807,11 +812,10 @@ def _profile_step(fn, name: str) -> None:
         fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    gpu_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
-    top = sorted(
-        events, key=lambda e: -getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
-    )[:12]
+    # kernels only (device-side events): the CPU ops' device-time columns would count each kernel again
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.self_device_time_total for e in events)
+    top = sorted(events, key=lambda e: -e.self_device_time_total)[:12]
     emit(
         {
             "bench": "profile",
@@ -853,7 +857,12 @@ def main(argv=None) -> int:
         "--model-rounds",
         type=int,
         default=1,
-        help="> 1: time bf16 / nvfp4 (each MINITE_SAVE_ACTIVATIONS) in alternation this many rounds; medians",
+        help="> 1: time bf16 / nvfp4 (each --model-variants value) in alternation this many rounds; medians",
+    )
+    p.add_argument(
+        "--model-variants",
+        default="MINITE_SAVE_ACTIVATIONS=dequantized,packed",
+        help="VAR=V1,V2,...: the environment switch whose values the interleaved model bench compares",
     )
     p.add_argument("--decode-sweep", action="store_true", help="time several decode block configs")
     p.add_argument(

@@ -9,15 +9,19 @@ microseconds per call of:
   backend         ``TritonBackend.quantize``: what the module calls (cache check, kernel, operand object)
   torch_add       ``x.add_(0)``: one ATen launch, for scale
 
-then the cProfile top functions of the backend call.
+each with ``MINITE_TRITON_LAUNCH=cached`` (the default, ``launcher.py``) and ``jit`` (``JITFunction.run``
+every call), alternating over ``--rounds`` rounds (best per mode), then the cProfile top functions of the
+backend call.
 
     python scripts/bench_launch_overhead.py
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import json
+import os
 import pstats
 import time
 
@@ -42,7 +46,10 @@ def per_call_us(fn, n: int = 2000, repeats: int = 5) -> float:
     return best
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
     x = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16)
     spec = resolve_recipe("nvfp4_per_token_bf16_bwd")[0].fprop.a
     be = TritonBackend("cuda")
@@ -52,14 +59,21 @@ def main() -> int:
         be._last = None
         return be.quantize(x, spec)
 
-    res = {
-        "kernel_out": per_call_us(
-            lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True, out=out)
-        ),
-        "kernel_alloc": per_call_us(lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True)),
-        "backend": per_call_us(backend_call),
-        "torch_add": per_call_us(lambda: x.add_(0)),
+    cases = {
+        "kernel_out": lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True, out=out),
+        "kernel_alloc": lambda: Q.quantize_nvfp4_triton(x, per_token=True, write_deq=True),
+        "backend": backend_call,
+        "torch_add": lambda: x.add_(0),
     }
+    res: dict = {}
+    for r in range(args.rounds):
+        for mode in ("cached", "jit") if r % 2 == 0 else ("jit", "cached"):
+            os.environ["MINITE_TRITON_LAUNCH"] = mode
+            for name, fn in cases.items():
+                us = per_call_us(fn, n=1000, repeats=3)
+                res.setdefault(mode, {})[name] = min(us, res.get(mode, {}).get(name, float("inf")))
+    os.environ.pop("MINITE_TRITON_LAUNCH")
+    res["jit_over_cached_us"] = {n: res["jit"][n] - res["cached"][n] for n in cases}
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):

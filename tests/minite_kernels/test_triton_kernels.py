@@ -446,3 +446,35 @@ def test_grouped_weight_sync_qwen3_shapes_match_reference(chunk_bytes):
             assert torch.equal(p.data, q.data) and torch.equal(
                 p.scales.view(torch.uint8), q.scales.view(torch.uint8)
             )
+
+
+@pytest.mark.parametrize("per_token,tile16", [(True, False), (False, False), (False, True)])
+def test_cached_launches_pick_jit_kernel_and_give_reference_bytes(per_token, tile16, monkeypatch):
+    """Every BF16 quantize launch through the cached launcher (``launcher.py``) uses the compiled kernel
+    ``JITFunction.run`` would pick (``verify``), across aligned and misaligned inputs and row strides, and
+    the bytes equal the reference's and the ``MINITE_TRITON_LAUNCH=jit`` launch's."""
+    from minite_kernels.backends.triton import quantize as q
+
+    monkeypatch.delenv("MINITE_TRITON_LAUNCH", raising=False)
+    launchers = q._launchers()
+    for lau in launchers:
+        monkeypatch.setattr(lau, "verify", True)
+    before = sum(lau.direct_launches for lau in launchers)
+    base = _heavy(64, 2048 + 64, seed=3)
+    for x in (base[:, :2048], base[:, 16:2064], base[:, 8:2056], base[:16, :1024], base[:48, 2:18]):
+        for _ in range(2):  # the second call is a cached launch
+            d, s, a, _nf, _qs, deq = q.quantize_nvfp4_triton(
+                x, per_token=per_token, tile16=tile16, write_deq=True
+            )
+        ref = _ref(
+            x, scaling="per_token" if per_token else "per_tensor", tile=(16, 16) if tile16 else (1, 16)
+        )
+        _assert_same_bytes(d, s, a, ref)
+        monkeypatch.setenv("MINITE_TRITON_LAUNCH", "jit")
+        dj, sj, _aj, _nf, _q, deqj = q.quantize_nvfp4_triton(
+            x, per_token=per_token, tile16=tile16, write_deq=True
+        )
+        monkeypatch.delenv("MINITE_TRITON_LAUNCH")
+        assert torch.equal(d, dj) and torch.equal(s.view(torch.uint8), sj.view(torch.uint8))
+        assert torch.equal(deq.view(torch.int16), deqj.view(torch.int16))
+    assert sum(lau.direct_launches for lau in launchers) > before

@@ -44,6 +44,7 @@ from ._common import FLT_MAX as _FLT_MAX
 from ._common import INV_2688 as _INV_2688
 from ._common import SIXTH as _SIXTH
 from ._common import interpret_mode
+from .launcher import CachedLauncher
 
 FLT_MAX = tl.constexpr(_FLT_MAX)
 SIXTH = tl.constexpr(_SIXTH)
@@ -520,6 +521,18 @@ def _token_geometry(kw: int, program_words: int, words_per_thread: int) -> tuple
     return bm, nb, max(1, min(16, bm * nb * 8 // (words_per_thread * 32)))
 
 
+@functools.cache
+def _launchers() -> tuple[CachedLauncher, CachedLauncher, CachedLauncher]:
+    """(per-token, amax, per-tensor) launchers of the BF16 kernels (``launcher.py``)."""
+    from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16, _quant_token_kernel_bf16
+
+    return (
+        CachedLauncher(_quant_token_kernel_bf16),
+        CachedLauncher(_amax_kernel_bf16),
+        CachedLauncher(_quant_tensor_kernel_bf16),
+    )
+
+
 def _launch_bf16(
     x: torch.Tensor,
     out: QuantOut,
@@ -548,10 +561,9 @@ def _launch_bf16(
     rne_int = interpret_mode()
     cfg = BF16_CONFIG
     if per_token:  # the learner's hot path (one launch per linear input): keep its host work small
-        from .quantize_bf16 import _quant_token_kernel_bf16
-
         bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
-        _quant_token_kernel_bf16[(triton.cdiv(m, bm),)](
+        _launchers()[0](
+            (triton.cdiv(m, bm),),
             xw,
             dptr,
             sptr,
@@ -574,8 +586,7 @@ def _launch_bf16(
             num_warps=warps,
         )
         return
-    from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16
-
+    _, amax_launch, tensor_launch = _launchers()
     nbk = kw // 8
     if scratch is None:
         scratch = torch.zeros(2, dtype=torch.int32, device=x.device)
@@ -583,7 +594,8 @@ def _launch_bf16(
         scratch.zero_()
     arows, abm = cfg["amax_rows"], cfg["amax_block_m"]
     abw = min(cfg["amax_block_w"], max(8, triton.next_power_of_2(kw)))
-    _amax_kernel_bf16[(triton.cdiv(m, arows), triton.cdiv(kw, abw))](
+    amax_launch(
+        (triton.cdiv(m, arows), triton.cdiv(kw, abw)),
         xw,
         scratch,
         m,
@@ -600,7 +612,8 @@ def _launch_bf16(
     else:
         bm, nb, warps = cfg["tensor_block_m"], cfg["tensor_nb"], cfg["tensor_warps"]
     nb = min(nb, max(1, triton.next_power_of_2(nbk)))
-    _quant_tensor_kernel_bf16[(triton.cdiv(m, bm), triton.cdiv(nbk, nb))](
+    tensor_launch(
+        (triton.cdiv(m, bm), triton.cdiv(nbk, nb)),
         xw,
         dptr,
         sptr,
