@@ -46,69 +46,10 @@ import torch
 
 from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
 from minite_kernels.envswitch import EnvChoice
+from minite_kernels.modules.fast_lane import call_ok, lane_linear, lane_ok
+from minite_kernels.modules.weight_cache import WeightCache, _Memo, fprop_weight
+from minite_kernels.modules.weight_cache import quantize_operand as _quantize
 from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
-
-
-class _Memo:
-    """A per-module slot for host-side dispatch decisions: never copied or pickled (``deepcopy`` of a
-    model gives an empty slot, refilled on the next call), so no backend object is ever duplicated."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value: Any = None
-
-    def __copy__(self) -> _Memo:
-        return _Memo()
-
-    def __deepcopy__(self, memo) -> _Memo:
-        return _Memo()
-
-    def __reduce__(self):
-        return (_Memo, ())
-
-
-class WeightCache:
-    """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
-    dtype, device and shape are unchanged. A plain attribute (never a buffer): nothing here enters
-    ``state_dict``."""
-
-    def __init__(self) -> None:
-        self._entries: dict[Any, tuple[tuple, Any]] = {}
-        self.misses = 0
-        self._dispatch = _Memo()
-
-    @staticmethod
-    def _token(weight: torch.Tensor) -> tuple:
-        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
-
-    def get(self, key: Any, weight: torch.Tensor, make: Callable[[], Any]) -> Any:
-        hit = self._entries.get(key)
-        if hit is not None:
-            t = hit[0]
-            # the cheap, most selective fields first; all five must match
-            if (
-                t[0] == weight._version
-                and t[1] == weight.data_ptr()
-                and t[2] == weight.dtype
-                and t[4] == weight.shape
-                and t[3] == weight.device
-            ):
-                return hit[1]
-        value = make()
-        self._entries[key] = (self._token(weight), value)
-        self.misses += 1
-        return value
-
-    def put(self, key: Any, weight: torch.Tensor, value: Any) -> None:
-        """Store a value made elsewhere (e.g. a batched weight-sync re-quantizer) for the current weight."""
-        self._entries[key] = (self._token(weight), value)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def _route_quantize(backend: Backend, spec: OperandSpec) -> Backend:
@@ -140,6 +81,7 @@ class _Plan:
         "dgrad_from_forward",
         "fa_q",
         "fprop_backend",
+        "lane",
         "recipe",
         "wgrad_backend",
         "x_quantizer",
@@ -155,6 +97,9 @@ class _Plan:
         self.fprop_backend = _route_gemm(backend, f) or backend
         self.dgrad_backend = _route_gemm(backend, recipe.dgrad)
         self.wgrad_backend = _route_gemm(backend, recipe.wgrad)
+        self.lane = lane_ok(
+            recipe, self.x_quantizer, self.fprop_backend, self.dgrad_backend, self.wgrad_backend
+        )
 
 
 def _plan_for(recipe: PrecisionRecipe, backend: Backend, cache: WeightCache) -> _Plan:
@@ -232,22 +177,14 @@ def _pack(q) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
     return tensors, _Rebuild(cls, static, names)
 
 
-def _quantize(backend: Backend, x: torch.Tensor, spec: OperandSpec, generator) -> Any:
-    if not spec.quantized:
-        return x
-    return backend.quantize(x if x.is_contiguous() else x.contiguous(), spec, generator=generator)
-
-
 def _weight_operands(state: QLinearState, weight: torch.Tensor, g: int) -> torch.Tensor:
     return weight[g] if state.grouped else weight
 
 
 def _fprop_weight(state: QLinearState, weight: torch.Tensor, g: int):
-    spec = state.recipe.fprop.b
-    w = _weight_operands(state, weight, g)
-    if not spec.quantized:
-        return w
-    return state.cache.get(("fprop", spec, g), weight, lambda: _quantize(state.backend, w, spec, None))
+    return fprop_weight(
+        state.recipe, state.backend, state.cache, weight, _weight_operands(state, weight, g), g
+    )
 
 
 def _backward_weight(state: QLinearState, weight: torch.Tensor, g: int):
@@ -526,12 +463,14 @@ def qlinear(
         splits = check_splits(m_splits, weight.shape[0], x2d.shape[0])
     else:
         splits = (x2d.shape[0],)
-    state = QLinearState(
-        recipe, backend, cache, generator, splits, grouped, plan=_plan_for(recipe, backend, cache)
-    )
+    plan = _plan_for(recipe, backend, cache)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    if plan.lane and not grouped and call_ok(x2d, weight):
+        y = lane_linear(recipe, backend, plan.x_quantizer, cache, x2d, weight, bias, needs_grad)
+        return y if flat else y.reshape(*x.shape[:-1], weight.shape[-2])
+    state = QLinearState(recipe, backend, cache, generator, splits, grouped, plan=plan)
     if needs_grad:
         y = _QLinearFunction.apply(x2d, weight, bias, state)
     else:

@@ -51,7 +51,7 @@ from minite_kernels.recipes import OperandSpec
 from ._common import kernel_device_ok, triton_import_status, warn_once
 from .decode import decode_linear, quantize_for_decode
 from .gemm import scaled_mm_nt
-from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
+from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
@@ -254,6 +254,35 @@ class TritonBackend(Backend):
             return last[2]
         q = self._quantize_now(x2d, spec, generator, mode)
         self._last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
+        return q
+
+    def quantize_token_deq(self, x2d: torch.Tensor, spec: OperandSpec) -> TritonNVFP4Tensor:
+        """``quantize(x2d, spec)`` on the learner's fast lane (``modules/fast_lane.py``), whose plan guarantees
+        what the generic path checks per call: a per-token round-to-nearest NVFP4 ``spec`` without RHT, a
+        contiguous BF16 input on a kernel device at an even offset, more than ``DECODE_MAX_ROWS`` rows (or
+        decode routing off), K % 16 == 0, K <= 16384 and ``MINITE_TRITON_GEMM=dequant``. Same kernel, same
+        operand (packed bytes, scales, amax, nonfinite and the BF16 ``deq``) and the same shared-input cache
+        entry as :meth:`quantize`."""
+        key = self._key(x2d, spec, "dequant")
+        last = self._last
+        if last is not None and last[1] == key:
+            return last[2]
+        out = quantize_token_deq_bf16(x2d)
+        q = TritonNVFP4Tensor(
+            data=out.data,
+            scales=out.scales,
+            amax=out.amax,
+            shape=x2d.shape,
+            scaling="per_token",
+            tile=(1, 16),
+            rounding="nearest",
+            rht=False,
+            orig_dtype=torch.bfloat16,
+            nonfinite=out.nonfinite,
+            deq=out.deq,
+            qs_transient=True,
+        )
+        self._last = (x2d.detach(), key, q)
         return q
 
     def clear_cache(self) -> None:

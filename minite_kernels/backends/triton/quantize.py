@@ -533,6 +533,89 @@ def _launchers() -> tuple[CachedLauncher, CachedLauncher, CachedLauncher]:
     )
 
 
+def _launch_token(
+    xw,
+    dptr,
+    sptr,
+    qsw,
+    deqw,
+    amax,
+    nonfinite,
+    rb,
+    m,
+    kw,
+    stride_w,
+    align4,
+    sr,
+    write_packed,
+    write_qs,
+    write_deq,
+    rne_int,
+) -> None:
+    """The BF16 per-token kernel on int32 word views (``BF16_CONFIG`` launch geometry)."""
+    cfg = BF16_CONFIG
+    bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
+    _launchers()[0](
+        (triton.cdiv(m, bm),),
+        xw,
+        dptr,
+        sptr,
+        qsw,
+        deqw,
+        amax,
+        nonfinite,
+        rb,
+        m,
+        kw,
+        stride_w,
+        BLOCK_M=bm,
+        NB=nb,
+        ALIGN4=align4,
+        SR=sr,
+        WRITE_PACKED=write_packed,
+        WRITE_QS=write_qs,
+        WRITE_DEQ=write_deq,
+        RNE_INT=rne_int,
+        num_warps=warps,
+    )
+
+
+def quantize_token_deq_bf16(x: torch.Tensor) -> QuantOut:
+    """``quantize_nvfp4_triton(x, per_token=True, write_deq=True)`` for the learner's fast lane
+    (``modules/fast_lane.py``), whose plan guarantees the preconditions: ``x`` BF16 [M, K], contiguous, at an
+    even element offset, M >= 1, K % 16 == 0 and K <= 16384. Same kernel, same outputs; only the checks and
+    the generic dispatch are left out (``tests/minite_kernels/test_fast_lane.py`` compares the two)."""
+    m, k = x.shape
+    dev = x.device
+    kw = k // 2
+    data = torch.empty((m, kw), dtype=torch.uint8, device=dev)
+    scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev)
+    amax = torch.empty((m,), dtype=torch.float32, device=dev)
+    nonfinite = torch.empty((m,), dtype=torch.bool, device=dev)
+    deq = torch.empty((m, k), dtype=torch.bfloat16, device=dev)
+    align4 = kw % 4 == 0 and x.data_ptr() % 16 == 0
+    _launch_token(
+        x.view(torch.int32),
+        data.view(torch.int32),
+        scales,
+        amax,  # no qs
+        deq.view(torch.int32),
+        amax,
+        nonfinite,
+        amax,  # no random bits
+        m,
+        kw,
+        stride_w=kw,
+        align4=align4,
+        sr=False,
+        write_packed=True,
+        write_qs=False,
+        write_deq=True,
+        rne_int=interpret_mode(),
+    )
+    return QuantOut(data, scales.view(torch.float8_e4m3fn), amax, nonfinite, None, deq)
+
+
 def _launch_bf16(
     x: torch.Tensor,
     out: QuantOut,
@@ -561,9 +644,7 @@ def _launch_bf16(
     rne_int = interpret_mode()
     cfg = BF16_CONFIG
     if per_token:  # the learner's hot path (one launch per linear input): keep its host work small
-        bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
-        _launchers()[0](
-            (triton.cdiv(m, bm),),
+        _launch_token(
             xw,
             dptr,
             sptr,
@@ -575,15 +656,12 @@ def _launch_bf16(
             m,
             kw,
             stride_w,
-            BLOCK_M=bm,
-            NB=nb,
-            ALIGN4=align4,
-            SR=sr,
-            WRITE_PACKED=write_packed,
-            WRITE_QS=write_qs,
-            WRITE_DEQ=write_deq,
-            RNE_INT=rne_int,
-            num_warps=warps,
+            align4,
+            sr,
+            write_packed,
+            write_qs,
+            write_deq,
+            rne_int,
         )
         return
     _, amax_launch, tensor_launch = _launchers()

@@ -1,0 +1,164 @@
+"""The learner's fast lane: a dense quantized linear with a W4A4 forward and a BF16 backward on the forward's
+dequantized operands (``nvfp4_per_token_bf16_bwd`` on the Triton backend), with as little host work as the math
+needs (issue #6: the Qwen3-1.7B training step was host-bound, the GPU kernels only 1.2% slower than BF16's).
+
+For one dense layer (report §4.3 with ``backward_operands="dequantized_forward"`` and BF16 dgrad/wgrad specs)::
+
+    X̂ = deq(Q_token(X))   one Triton launch: packed NVFP4 bytes, scales, amax, and X̂ in BF16
+    Ŵ = deq(Q(W))         cached per weight version (the weight cache of ``weight_cache.py``)
+    Y  = X̂ Ŵᵀ (+ b)       dX = dY Ŵ       dW = dYᵀ X̂       db = Σ_rows dY
+
+These are the generic path's operations for this recipe (``functional._forward_dense`` / ``_backward_dense``
+with ``MINITE_TRITON_GEMM=dequant`` and ``MINITE_SAVE_ACTIVATIONS=dequantized``): the same kernel, the same
+operands, the same ``torch.mm`` calls, so outputs and gradients are bit-identical (``tests/.../
+test_fast_lane.py``). What it leaves out is the per-call generality: the plan (:func:`lane_ok`) checks the
+recipe and backend once; each call checks only what can change (dtype, layout, row count, three environment
+switches) and otherwise takes the generic path.
+
+Worked example (BF16 values exactly representable in NVFP4): X = [[1, 2] + 14 zeros] quantizes per token to
+X̂ = X (amax 2 → every value is on the E2M1 grid times its scale), W = I₁₆ to Ŵ = W, so Y = X and, with
+dY = Y, dX = X and dW = Xᵀ X, as ``nn.Linear`` would give.
+
+``MINITE_LINEAR_LANE=off`` sends every call down the generic path (for comparisons; default ``auto``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minite_kernels.backends.base import Backend, dequantize_operand
+from minite_kernels.envswitch import EnvChoice
+from minite_kernels.modules.weight_cache import WeightCache, fprop_weight
+from minite_kernels.recipes import PrecisionRecipe
+
+LANE_MODES = ("auto", "off")
+#: ``lane_mode()``: ``$MINITE_LINEAR_LANE``, ``auto`` (default: eligible calls take the lane) or ``off``
+lane_mode = EnvChoice("MINITE_LINEAR_LANE", LANE_MODES, default="auto")
+
+#: the BF16 per-token kernel's row limit (``quantize.py``: K // 2 <= 8192 words)
+MAX_K = 16384
+
+
+_BOUND: dict = {}
+
+
+def _bind() -> None:
+    """Resolve the Triton-side names once (the module imports without Triton; the lane needs it)."""
+    if _BOUND:
+        return
+    from minite_kernels.backends.triton._common import kernel_device_ok
+    from minite_kernels.backends.triton.backend import (
+        DECODE_MAX_ROWS,
+        _dequant_operand,
+        decode_mode,
+        gemm_mode,
+    )
+    from minite_kernels.modules.functional import save_mode
+
+    _BOUND.update(
+        kernel_device_ok=kernel_device_ok,
+        decode_max_rows=DECODE_MAX_ROWS,
+        dequant_operand=_dequant_operand,
+        decode_mode=decode_mode,
+        gemm_mode=gemm_mode,
+        save_mode=save_mode,
+    )
+
+
+def lane_ok(
+    recipe: PrecisionRecipe, quantizer: Backend, fprop_backend: Backend, dgrad_backend, wgrad_backend
+) -> bool:
+    """Whether a plan's dense calls may take the lane: decided once per (recipe, backend)."""
+    a, b = recipe.fprop.a, recipe.fprop.b
+    ok = (
+        hasattr(quantizer, "quantize_token_deq")
+        and fprop_backend is quantizer
+        and a.format == "nvfp4"
+        and a.scaling == "per_token"
+        and tuple(a.tile) == (1, 16)
+        and not a.rht
+        and not a.stochastic_rounding
+        and b.quantized
+        and recipe.backward_operands == "dequantized_forward"
+        and dgrad_backend is None
+        and wgrad_backend is None
+        and not recipe.dgrad.a.quantized
+        and not recipe.dgrad.b.quantized
+        and not recipe.wgrad.a.quantized
+        and not recipe.wgrad.b.quantized
+    )
+    if ok:
+        _bind()
+    return ok
+
+
+def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Per-call conditions (cheap first): a BF16 contiguous input at an even offset and a BF16 weight on a
+    kernel device, K within the kernel's limit, the switches at the values the lane reproduces."""
+    m, k = x2d.shape
+    b = _BOUND
+    return (
+        x2d.dtype is torch.bfloat16
+        and weight.dtype is torch.bfloat16
+        and k <= MAX_K
+        and k % 16 == 0
+        and m > 0
+        and x2d.is_contiguous()
+        and x2d.storage_offset() % 2 == 0
+        and b["kernel_device_ok"](x2d)
+        and lane_mode() == "auto"
+        and b["gemm_mode"]() == "dequant"
+        and b["save_mode"]() == "dequantized"
+        and (m > b["decode_max_rows"] or b["decode_mode"]() == "off")
+    )
+
+
+def _forward(recipe, backend, quantizer, cache, x2d, weight, bias):
+    qx = quantizer.quantize_token_deq(x2d, recipe.fprop.a)
+    qw = fprop_weight(recipe, backend, cache, weight, weight, 0)
+    y = torch.mm(qx.deq, _BOUND["dequant_operand"](qw).t())
+    if bias is not None:
+        y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
+    return y, qx.deq
+
+
+class _LaneFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, recipe, backend, quantizer, cache):  # type: ignore[override]
+        y, x_hat = _forward(recipe, backend, quantizer, cache, x2d, weight, bias)
+        ctx.lane = (recipe, backend, cache)
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(weight, x_hat)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        recipe, backend, cache = ctx.lane
+        weight, x_hat = ctx.saved_tensors
+        dy = dy if dy.is_contiguous() else dy.contiguous()
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_dx:
+            w_hat = dequantize_operand(fprop_weight(recipe, backend, cache, weight, weight, 0), weight.dtype)
+            dx = torch.mm(dy, w_hat)
+        if need_dw:
+            dw = torch.mm(dy.t(), x_hat)
+        if ctx.has_bias and need_db:
+            db = dy.sum(dim=0)
+        return dx, dw, db, None, None, None, None
+
+
+def lane_linear(
+    recipe: PrecisionRecipe,
+    backend: Backend,
+    quantizer,
+    cache: WeightCache,
+    x2d: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    needs_grad: bool,
+) -> torch.Tensor:
+    """``Y = X̂ Ŵᵀ (+ b)`` with the lane's backward when ``needs_grad`` (the caller checked :func:`call_ok`)."""
+    if needs_grad:
+        return _LaneFunction.apply(x2d, weight, bias, recipe, backend, quantizer, cache)
+    return _forward(recipe, backend, quantizer, cache, x2d, weight, bias)[0]

@@ -1,0 +1,101 @@
+"""Quantized weights cached per weight version, and the per-module memo slot for host-side dispatch.
+
+Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache` keyed on the weight's
+version counter and storage pointer, so they are re-quantized once after each ``optimizer.step()`` (an
+in-place update bumps ``_version``): that is the "weight sync" re-quantization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minite_kernels.backends import Backend
+from minite_kernels.recipes import OperandSpec, PrecisionRecipe
+
+
+class _Memo:
+    """A per-module slot for host-side dispatch decisions: never copied or pickled (``deepcopy`` of a
+    model gives an empty slot, refilled on the next call), so no backend object is ever duplicated."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def __copy__(self) -> _Memo:
+        return _Memo()
+
+    def __deepcopy__(self, memo) -> _Memo:
+        return _Memo()
+
+    def __reduce__(self):
+        return (_Memo, ())
+
+
+class WeightCache:
+    """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
+    dtype, device and shape are unchanged. A plain attribute (never a buffer): nothing here enters
+    ``state_dict``."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, tuple[tuple, Any]] = {}
+        self.misses = 0
+        self._dispatch = _Memo()
+
+    @staticmethod
+    def _token(weight: torch.Tensor) -> tuple:
+        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
+
+    def get(self, key: Any, weight: torch.Tensor, make: Callable[[], Any]) -> Any:
+        hit = self._entries.get(key)
+        if hit is not None:
+            t = hit[0]
+            # the cheap, most selective fields first; all five must match
+            if (
+                t[0] == weight._version
+                and t[1] == weight.data_ptr()
+                and t[2] == weight.dtype
+                and t[4] == weight.shape
+                and t[3] == weight.device
+            ):
+                return hit[1]
+        value = make()
+        self._entries[key] = (self._token(weight), value)
+        self.misses += 1
+        return value
+
+    def put(self, key: Any, weight: torch.Tensor, value: Any) -> None:
+        """Store a value made elsewhere (e.g. a batched weight-sync re-quantizer) for the current weight."""
+        self._entries[key] = (self._token(weight), value)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def quantize_operand(backend: Backend, x: torch.Tensor, spec: OperandSpec, generator) -> Any:
+    """``backend.quantize`` of a 2-D operand (made contiguous first); a BF16 spec returns ``x`` itself."""
+    if not spec.quantized:
+        return x
+    return backend.quantize(x if x.is_contiguous() else x.contiguous(), spec, generator=generator)
+
+
+def fprop_weight(
+    recipe: PrecisionRecipe,
+    backend: Backend,
+    cache: WeightCache,
+    weight: torch.Tensor,
+    w: torch.Tensor,
+    g: int,
+):
+    """The fprop B operand of group ``g`` (``w`` is ``weight`` or its group slice), quantized per
+    ``recipe.fprop.b`` once per weight version."""
+    spec = recipe.fprop.b
+    if not spec.quantized:
+        return w
+    return cache.get(("fprop", spec, g), weight, lambda: quantize_operand(backend, w, spec, None))

@@ -1,0 +1,207 @@
+"""The learner's fast lane (``minite_kernels/modules/fast_lane.py``) gives exactly the generic path's results.
+
+Eligible calls (``nvfp4_per_token_bf16_bwd`` on the Triton backend, BF16 contiguous input) must produce the
+same Y, dX, dW, db bit for bit as ``MINITE_LINEAR_LANE=off``, share the activation quantization of projections
+that read one input, and leave every other call to the generic path. The kernels run under Triton's CPU
+interpreter here (a subprocess with ``TRITON_INTERPRET=1``) and compiled on a GPU (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from minite_kernels.backends import get_backend
+from minite_kernels.modules import Linear, WeightCache, qlinear
+from minite_kernels.modules.functional import _plan_for
+from minite_kernels.recipes import get_qlinear_params
+
+LANE = "nvfp4_per_token_bf16_bwd"
+_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
+
+
+def recipe(name: str):
+    return get_qlinear_params(name, env={})
+
+
+def _inputs(device, m=24, k=64, n=96, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, m // 2, k, generator=g) * torch.exp(torch.randn(2, m // 2, k, generator=g))
+    w = torch.randn(n, k, generator=g) * 0.1
+    b = torch.randn(n, generator=g)
+    dy = torch.randn(2, m // 2, n, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (x, w, b, dy)]
+
+
+def _run(x, w, b, dy, backend, need=(True, True, True), name=LANE):
+    """(grad_fn name, y, dx, dw, db) of one qlinear call with a fresh weight cache."""
+    x = x.detach().requires_grad_(need[0])  # a new leaf over the same memory (keeps the layout)
+    w = w.detach().clone().requires_grad_(need[1])
+    b = None if b is None else b.detach().clone().requires_grad_(need[2])
+    y = qlinear(x, w, b, recipe(name), backend, WeightCache())
+    node = type(y.grad_fn.next_functions[0][0] if y.grad_fn.name() == "ViewBackward0" else y.grad_fn).__name__
+    y.backward(dy)
+    return node, [y.detach()] + [None if t is None else t.grad for t in (x, w, b)]
+
+
+def _assert_same(a, b):
+    for u, v in zip(a, b):
+        assert (u is None) == (v is None)
+        if u is not None:
+            assert u.dtype == v.dtype and u.shape == v.shape
+            assert torch.equal(u.view(torch.int16), v.view(torch.int16)), (u.float() - v.float()).abs().max()
+
+
+def _lane_equals_generic(device, monkeypatch, **shape):
+    from minite_kernels.backends.triton import TritonBackend
+
+    x, w, b, dy = _inputs(device, **shape)
+    for bias in (b, None):
+        for need in [(True, True, True), (True, False, True), (False, True, False)]:
+            monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+            node, lane = _run(x, w, bias, dy, TritonBackend(device), need)
+            assert node == "_LaneFunctionBackward"
+            monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+            node, generic = _run(x, w, bias, dy, TritonBackend(device), need)
+            assert node == "_QLinearFunctionBackward"
+            _assert_same(lane, generic)
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+    with torch.no_grad():
+        y_lane = qlinear(x, w, b, recipe(LANE), TritonBackend(device), WeightCache())
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+    with torch.no_grad():
+        y_generic = qlinear(x, w, b, recipe(LANE), TritonBackend(device), WeightCache())
+    _assert_same([y_lane], [y_generic])
+
+
+def _shared_input_quantized_once(device, monkeypatch):
+    """q/k/v-style projections of one input: one activation quantization, and the generic path reuses the
+    lane's operand (and the other way round): the cache entry is the same."""
+    import minite_kernels.backends.triton.backend as tb
+    from minite_kernels.backends.triton import TritonBackend
+
+    launches = []
+    real = tb.quantize_token_deq_bf16
+    monkeypatch.setattr(tb, "quantize_token_deq_bf16", lambda x: launches.append(1) or real(x))
+    backend = TritonBackend(device)
+    x, _w, _b, _dy = _inputs(device)
+    layers = [
+        Linear(64, 96, bias=False, device=device, dtype=torch.bfloat16, qlinear_params=LANE, backend=backend)
+    ]
+    layers += [
+        Linear(64, 32, bias=False, device=device, dtype=torch.bfloat16, qlinear_params=LANE, backend=backend)
+    ]
+    for layer in layers:  # quantizes the weights (a weight quantization replaces the remembered input)
+        layer(x + 1)
+    launches.clear()
+    h = x.detach().requires_grad_(True)
+    ys = [layer(h) for layer in layers]
+    assert len(launches) == 1
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+    layers[1](h)  # the generic path finds the lane's operand
+    assert len(launches) == 1
+    sum(y.float().sum() for y in ys).backward()
+    assert h.grad is not None and torch.isfinite(h.grad.float()).all()
+
+
+def _ineligible_calls_take_the_generic_path(device, monkeypatch):
+    from minite_kernels.backends.triton import TritonBackend
+
+    x, w, b, dy = _inputs(device)
+    cases = {
+        "fp32 input": {"x": x.float(), "dy": dy.float()},
+        "row-strided 2-D input": {
+            "x": torch.cat([x.reshape(-1, 64), x.reshape(-1, 64)], dim=1)[:, :64],
+            "dy": dy.reshape(-1, 96),
+        },
+    }
+    for what, kw in cases.items():
+        args = {"x": x, "w": w, "b": b, "dy": dy} | kw
+        node, _ = _run(args["x"], args["w"], args["b"], args["dy"], TritonBackend(device))
+        assert node == "_QLinearFunctionBackward", what
+    for var, val in [
+        ("MINITE_TRITON_GEMM", "exact"),
+        ("MINITE_SAVE_ACTIVATIONS", "packed"),
+        ("MINITE_LINEAR_LANE", "off"),
+    ]:
+        monkeypatch.setenv(var, val)
+        node, _ = _run(x, w, b, dy, TritonBackend(device))
+        assert node == "_QLinearFunctionBackward", var
+        monkeypatch.delenv(var)
+    node, _ = _run(x, w, b, dy, TritonBackend(device), name="nvfp4_per_token")  # NVFP4 backward
+    assert node == "_QLinearFunctionBackward"
+
+
+# --- CPU, no interpreter: the plan ---------------------------------------------------------------------------
+def test_plan_decides_the_lane_once_per_recipe_and_backend():
+    pytest.importorskip("triton", reason="triton is not installed")
+    from minite_kernels.backends.triton import TritonBackend
+
+    tb = TritonBackend("cpu")
+    assert _plan_for(recipe(LANE), tb, WeightCache()).lane
+    for name in ("nvfp4_per_token", "nvfp4_per_token_rht", "w4a16_nvfp4", "bf16"):
+        try:
+            r = recipe(name)
+        except (KeyError, ValueError):
+            continue
+        assert not _plan_for(r, tb, WeightCache()).lane, name
+    assert not _plan_for(recipe(LANE), get_backend("emulated", "cpu"), WeightCache()).lane
+
+
+def test_invalid_lane_mode_names_the_choices(monkeypatch):
+    from minite_kernels.modules.fast_lane import lane_mode
+
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "on")
+    with pytest.raises(ValueError, match=r"MINITE_LINEAR_LANE='on'.*\['auto', 'off'\]"):
+        lane_mode()
+
+
+# --- Triton's CPU interpreter -----------------------------------------------------------------------------------
+def test_fast_lane_under_interpreter_in_subprocess():
+    pytest.importorskip("triton", reason="triton is not installed")
+    if torch.cuda.is_available():  # pragma: no cover - the GPU tests below run the compiled kernels
+        pytest.skip("CUDA present: the gpu-marked tests cover the lane")
+    if _IN_INTERPRETER:
+        pytest.skip("already inside the interpreter run")
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-k", "interp_"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "3 passed" in proc.stdout.splitlines()[-1]
+
+
+@_interp_only
+def test_interp_lane_equals_generic_bitwise(monkeypatch):
+    _lane_equals_generic("cpu", monkeypatch)
+
+
+@_interp_only
+def test_interp_shared_input_is_quantized_once(monkeypatch):
+    _shared_input_quantized_once("cpu", monkeypatch)
+
+
+@_interp_only
+def test_interp_ineligible_calls_take_the_generic_path(monkeypatch):
+    _ineligible_calls_take_the_generic_path("cpu", monkeypatch)
+
+
+# --- compiled kernels on a GPU --------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_lane_equals_generic_bitwise(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _lane_equals_generic("cuda", monkeypatch, m=4096, k=2048, n=1024)
+    _shared_input_quantized_once("cuda", monkeypatch)
+    _ineligible_calls_take_the_generic_path("cuda", monkeypatch)
