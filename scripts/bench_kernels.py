@@ -693,6 +693,9 @@ def bench_model(args):
 
         return run
 
+    if args.host_profile:
+        _host_profile(base, step)
+        return
     if args.model_rounds > 1:
         _model_interleaved(base, step, args)
         if args.profile:  # GPU kernel time vs wall time of one step each (host- or GPU-bound?)
@@ -800,6 +803,53 @@ def _model_interleaved(base, step, args) -> None:
     free()
 
 
+def _host_profile(base, step) -> None:
+    """Where the host time of a step goes (run with a tiny ``--seq`` so the GPU never waits on it): per case,
+    Python calls per step and the cProfile top functions, then the torch profiler's per-op host time, on
+    stderr; one JSON line per case with the host ms per step and the Python call count."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from minite_kernels import quantize_model
+
+    m = copy.deepcopy(base)
+    quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
+    for name, model in (("bf16", base), ("nvfp4_per_token_bf16_bwd", m)):
+        run = step(model)
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            run()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) / 10 * 1e3
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            run()
+        prof.disable()
+        torch.cuda.synchronize()
+        st = pstats.Stats(prof, stream=sys.stderr)
+        print(f"--- {name}: cProfile of 5 steps", file=sys.stderr)
+        st.sort_stats("tottime").print_stats(30)
+        with profile(activities=[ProfilerActivity.CPU]) as tp:
+            run()
+            torch.cuda.synchronize()
+        print(f"--- {name}: torch profiler, one step", file=sys.stderr)
+        print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), file=sys.stderr)
+        emit(
+            {
+                "bench": "host_profile",
+                "case": name,
+                "ms_per_step": ms,
+                "python_calls_per_step": st.total_calls / 5,
+            }
+        )
+
+
 def _profile_step(fn, name: str) -> None:
     """One profiled step: wall time vs summed GPU kernel time (host-bound when wall >> GPU), top kernels.
     (Before 2026-11-29T14:30 the sum also counted the CPU ops' device-time columns: busy fractions above 1.)"""
@@ -872,6 +922,11 @@ def main(argv=None) -> int:
         help="comma list of decode batch sizes (default 1,4,16: the issue's)",
     )
     p.add_argument("--profile", action="store_true", help="profile one model step (CPU- vs GPU-bound)")
+    p.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="model: where the host time of a step goes (use a tiny --seq); cProfile and op tables on stderr",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "kernels", "error": "needs a CUDA GPU"}))

@@ -113,52 +113,43 @@ def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _forward(recipe, backend, quantizer, cache, x2d, weight, bias):
+def _forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
+    """(Y, X̂, Ŵ for dgrad): the forward's operands as the generic path makes them (``_forward_dense`` for Y,
+    ``_backward_dense``'s ``dequantize_operand`` of the cached weight for dgrad: the same tensor when the
+    Triton backend quantized the weight)."""
+    recipe, backend, quantizer = lane
     qx = quantizer.quantize_token_deq(x2d, recipe.fprop.a)
     qw = fprop_weight(recipe, backend, cache, weight, weight, 0)
     y = torch.mm(qx.deq, _BOUND["dequant_operand"](qw).t())
     if bias is not None:
         y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
-    return y, qx.deq
+    return y, qx.deq, qw
 
 
 class _LaneFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, backend, quantizer, cache):  # type: ignore[override]
-        y, x_hat = _forward(recipe, backend, quantizer, cache, x2d, weight, bias)
-        ctx.lane = (recipe, backend, cache)
+    def forward(ctx, x2d, weight, bias, lane, cache):  # type: ignore[override]
+        y, x_hat, qw = _forward(lane, cache, x2d, weight, bias)
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(weight, x_hat)
+        ctx.save_for_backward(x_hat, dequantize_operand(qw, weight.dtype))
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        recipe, backend, cache = ctx.lane
-        weight, x_hat = ctx.saved_tensors
+        x_hat, w_hat = ctx.saved_tensors
         dy = dy if dy.is_contiguous() else dy.contiguous()
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dx = dw = db = None
-        if need_dx:
-            w_hat = dequantize_operand(fprop_weight(recipe, backend, cache, weight, weight, 0), weight.dtype)
-            dx = torch.mm(dy, w_hat)
-        if need_dw:
-            dw = torch.mm(dy.t(), x_hat)
-        if ctx.has_bias and need_db:
-            db = dy.sum(dim=0)
-        return dx, dw, db, None, None, None, None
+        dx = torch.mm(dy, w_hat) if need_dx else None
+        dw = torch.mm(dy.t(), x_hat) if need_dw else None
+        db = dy.sum(dim=0) if ctx.has_bias and need_db else None
+        return dx, dw, db, None, None
 
 
 def lane_linear(
-    recipe: PrecisionRecipe,
-    backend: Backend,
-    quantizer,
-    cache: WeightCache,
-    x2d: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    needs_grad: bool,
+    lane: tuple, cache: WeightCache, x2d: torch.Tensor, weight: torch.Tensor, bias, needs_grad: bool
 ) -> torch.Tensor:
-    """``Y = X̂ Ŵᵀ (+ b)`` with the lane's backward when ``needs_grad`` (the caller checked :func:`call_ok`)."""
+    """``Y = X̂ Ŵᵀ (+ b)`` with the lane's backward when ``needs_grad``; ``lane`` is the plan's
+    ``(recipe, backend, activation quantizer)`` and the caller checked :func:`call_ok`."""
     if needs_grad:
-        return _LaneFunction.apply(x2d, weight, bias, recipe, backend, quantizer, cache)
-    return _forward(recipe, backend, quantizer, cache, x2d, weight, bias)[0]
+        return _LaneFunction.apply(x2d, weight, bias, lane, cache)
+    return _forward(lane, cache, x2d, weight, bias)[0]

@@ -97,9 +97,8 @@ class _Plan:
         self.fprop_backend = _route_gemm(backend, f) or backend
         self.dgrad_backend = _route_gemm(backend, recipe.dgrad)
         self.wgrad_backend = _route_gemm(backend, recipe.wgrad)
-        self.lane = lane_ok(
-            recipe, self.x_quantizer, self.fprop_backend, self.dgrad_backend, self.wgrad_backend
-        )
+        ok = lane_ok(recipe, self.x_quantizer, self.fprop_backend, self.dgrad_backend, self.wgrad_backend)
+        self.lane = (recipe, backend, self.x_quantizer) if ok else None
 
 
 def _plan_for(recipe: PrecisionRecipe, backend: Backend, cache: WeightCache) -> _Plan:
@@ -467,8 +466,8 @@ def qlinear(
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
-    if plan.lane and not grouped and call_ok(x2d, weight):
-        y = lane_linear(recipe, backend, plan.x_quantizer, cache, x2d, weight, bias, needs_grad)
+    if plan.lane is not None and not grouped and call_ok(x2d, weight):
+        y = lane_linear(plan.lane, cache, x2d, weight, bias, needs_grad)
         return y if flat else y.reshape(*x.shape[:-1], weight.shape[-2])
     state = QLinearState(recipe, backend, cache, generator, splits, grouped, plan=plan)
     if needs_grad:

@@ -49,7 +49,8 @@ class WeightCache:
     def _token(weight: torch.Tensor) -> tuple:
         return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
 
-    def get(self, key: Any, weight: torch.Tensor, make: Callable[[], Any]) -> Any:
+    def get(self, key: Any, weight: torch.Tensor, make: Callable[..., Any], *make_args) -> Any:
+        """The entry for ``key`` if ``weight`` is unchanged, else ``make(*make_args)`` (stored)."""
         hit = self._entries.get(key)
         if hit is not None:
             t = hit[0]
@@ -62,7 +63,7 @@ class WeightCache:
                 and t[3] == weight.device
             ):
                 return hit[1]
-        value = make()
+        value = make(*make_args)
         self._entries[key] = (self._token(weight), value)
         self.misses += 1
         return value
@@ -98,4 +99,4 @@ def fprop_weight(
     spec = recipe.fprop.b
     if not spec.quantized:
         return w
-    return cache.get(("fprop", spec, g), weight, lambda: quantize_operand(backend, w, spec, None))
+    return cache.get(("fprop", spec, g), weight, quantize_operand, backend, w, spec, None)

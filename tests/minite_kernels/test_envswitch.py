@@ -21,3 +21,34 @@ def test_env_choice_default_parse_and_error(monkeypatch):
 def test_env_choice_rejects_a_default_outside_the_choices():
     with pytest.raises(ValueError, match="default 'x' is not one of"):
         EnvChoice("MINITE_TEST_SWITCH", ("a", "b"), default="x")
+
+
+def test_env_choice_sees_every_way_of_changing_the_environment(monkeypatch):
+    import os
+
+    sw = EnvChoice("MINITE_TEST_SWITCH", ("fast", "safe"), default="safe")
+    monkeypatch.delenv("MINITE_TEST_SWITCH", raising=False)
+    assert sw() == "safe"
+    os.environ["MINITE_TEST_SWITCH"] = "fast"
+    try:
+        assert sw() == "fast"
+        os.environ.update({"MINITE_TEST_SWITCH": "SAFE"})
+        assert sw() == "safe"
+    finally:
+        del os.environ["MINITE_TEST_SWITCH"]
+    assert sw() == "safe"
+    os.environ.setdefault("MINITE_TEST_SWITCH", "fast")
+    assert sw() == "fast"
+    os.environ.pop("MINITE_TEST_SWITCH")
+    assert sw() == "safe"
+
+
+def test_env_choice_falls_back_to_a_plain_mapping(monkeypatch):
+    """Where ``os.environ`` has no backing dict (a replaced mapping), ``os.environ.get`` is used."""
+    import os
+
+    sw = EnvChoice("MINITE_TEST_SWITCH", ("fast", "safe"), default="safe")
+    monkeypatch.setattr(os, "environ", {"MINITE_TEST_SWITCH": "fast"})
+    assert sw() == "fast"
+    os.environ["MINITE_TEST_SWITCH"] = "safe"
+    assert sw() == "safe"

@@ -78,12 +78,33 @@ def _lane_equals_generic(device, monkeypatch, **shape):
     _assert_same([y_lane], [y_generic])
 
 
+def _lane_quantizer_equals_generic_quantizer(device, k=64):
+    """``quantize_token_deq_bf16`` (typed pointers, no host views) writes what the generic per-token launch
+    writes: codes, scales, amax, nonfinite and deq, for an aligned input and one at a 2-element offset, with a
+    poisoned row."""
+    from minite_kernels.backends.triton.quantize import quantize_nvfp4_triton, quantize_token_deq_bf16
+
+    base, _w, _b, _dy = _inputs(device, m=48, k=k + 2, n=16)
+    base = base.reshape(-1, k + 2)
+    base[5, 9] = float("nan")
+    flat = base.reshape(-1)
+    for x in (flat[: 24 * k].view(24, k), flat[2 : 2 + 24 * k].view(24, k)):
+        lane = quantize_token_deq_bf16(x)
+        ref = quantize_nvfp4_triton(x, per_token=True, write_deq=True)
+        assert lane.scales.dtype == ref.scales.dtype == torch.float8_e4m3fn
+        for name in ("data", "scales", "amax", "nonfinite", "deq"):
+            u, v = getattr(lane, name), getattr(ref, name)
+            assert u.shape == v.shape and u.dtype == v.dtype, name
+            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), name
+
+
 def _shared_input_quantized_once(device, monkeypatch):
     """q/k/v-style projections of one input: one activation quantization, and the generic path reuses the
     lane's operand (and the other way round): the cache entry is the same."""
     import minite_kernels.backends.triton.backend as tb
     from minite_kernels.backends.triton import TritonBackend
 
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
     launches = []
     real = tb.quantize_token_deq_bf16
     monkeypatch.setattr(tb, "quantize_token_deq_bf16", lambda x: launches.append(1) or real(x))
@@ -111,6 +132,7 @@ def _shared_input_quantized_once(device, monkeypatch):
 def _ineligible_calls_take_the_generic_path(device, monkeypatch):
     from minite_kernels.backends.triton import TritonBackend
 
+    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
     x, w, b, dy = _inputs(device)
     cases = {
         "fp32 input": {"x": x.float(), "dy": dy.float()},
@@ -179,12 +201,17 @@ def test_fast_lane_under_interpreter_in_subprocess():
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "3 passed" in proc.stdout.splitlines()[-1]
+    assert "4 passed" in proc.stdout.splitlines()[-1]
 
 
 @_interp_only
 def test_interp_lane_equals_generic_bitwise(monkeypatch):
     _lane_equals_generic("cpu", monkeypatch)
+
+
+@_interp_only
+def test_interp_lane_quantizer_equals_generic_quantizer():
+    _lane_quantizer_equals_generic_quantizer("cpu")
 
 
 @_interp_only
@@ -202,6 +229,7 @@ def test_interp_ineligible_calls_take_the_generic_path(monkeypatch):
 def test_gpu_lane_equals_generic_bitwise(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    _lane_quantizer_equals_generic_quantizer("cuda", k=2048)
     _lane_equals_generic("cuda", monkeypatch, m=4096, k=2048, n=1024)
     _shared_input_quantized_once("cuda", monkeypatch)
     _ineligible_calls_take_the_generic_path("cuda", monkeypatch)

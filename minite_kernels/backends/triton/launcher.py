@@ -38,6 +38,7 @@ LAUNCH_MODES = ("cached", "jit")
 launch_mode = EnvChoice("MINITE_TRITON_LAUNCH", LAUNCH_MODES, default="cached")
 
 _I32 = 2**31
+_U63 = 2**63
 
 
 def triton_version_ok(version: str | None = None) -> bool:
@@ -45,20 +46,27 @@ def triton_version_ok(version: str | None = None) -> bool:
     return any(v == r or v.startswith(r + ".") for r in VERIFIED_TRITON)
 
 
+def args_key(args: tuple) -> tuple | None:
+    """What Triton specializes the runtime arguments on, flattened (a dtype starts a tensor's entry, so the
+    flat tuple parses one way), or None if an argument has a type this launcher does not key."""
+    key = []
+    for a in args:
+        if type(a) is int:
+            key += (a == 1, a % 16 == 0, -_I32 <= a < _I32, a < _U63)
+        elif isinstance(a, torch.Tensor):
+            key += (a.dtype, a.data_ptr() % 16 == 0)
+        else:
+            return None
+    return tuple(key)
+
+
 def arg_key(a) -> tuple | None:
-    """What Triton specializes a runtime argument on, or None for a type this launcher does not key."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if type(a) is int:
-        return (a == 1, a % 16 == 0, -_I32 <= a < _I32, a < 2**63)
-    return None
+    """:func:`args_key` of one argument."""
+    return args_key((a,))
 
 
-def _hooks_idle() -> bool:
-    from triton import knobs
-
-    rt = knobs.runtime
-    for h in (rt.launch_enter_hook, rt.launch_exit_hook):
+def _hooks_idle(runtime) -> bool:
+    for h in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if h is not None and getattr(h, "calls", True):
             return False
     return True
@@ -72,9 +80,12 @@ class CachedLauncher:
     """
 
     def __init__(self, fn) -> None:
+        from triton import knobs
+
         self.fn = fn
         self._cache: dict[tuple, tuple] = {}
         self._enabled = triton_version_ok() and isinstance(fn, triton.runtime.jit.JITFunction)
+        self._runtime = knobs.runtime
         self._device = self._stream = None
         self.direct_launches = 0  # counters for tests and benchmarks
         self.jit_launches = 0
@@ -83,19 +94,23 @@ class CachedLauncher:
         self.verify = False
 
     def __call__(self, grid: tuple, *args, **kw) -> None:
-        if self._enabled and launch_mode() == "cached" and not self.fn.pre_run_hooks and _hooks_idle():
+        if (
+            self._enabled
+            and launch_mode() == "cached"
+            and not self.fn.pre_run_hooks
+            and _hooks_idle(self._runtime)
+        ):
             key = self._key(args, kw)
             hit = self._cache.get(key) if key is not None else None
             if hit is not None:
                 kernel, tail = hit
                 if self.verify:
                     self._verify(kernel, key[0], args, kw)
-                g1 = grid[1] if len(grid) > 1 else 1
-                g2 = grid[2] if len(grid) > 2 else 1
+                n = len(grid)
                 kernel.run(
                     grid[0],
-                    g1,
-                    g2,
+                    grid[1] if n > 1 else 1,
+                    grid[2] if n > 2 else 1,
                     self._stream(key[0]),
                     kernel.function,
                     kernel.packed_metadata,
@@ -121,13 +136,10 @@ class CachedLauncher:
 
             self._device = driver.active.get_current_device
             self._stream = driver.active.get_current_stream
-        specs = []
-        for a in args:
-            s = arg_key(a)
-            if s is None:
-                return None
-            specs.append(s)
-        return (self._device(), tuple(kw.items()), tuple(specs))
+        spec = args_key(args)
+        if spec is None:
+            return None
+        return (self._device(), tuple(kw.items()), spec)
 
     def jit_choice(self, device: int, args: tuple, kw: dict):
         """The compiled kernel ``JITFunction.run`` would launch for these arguments (None if not compiled)."""

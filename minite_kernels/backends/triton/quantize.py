@@ -589,17 +589,17 @@ def quantize_token_deq_bf16(x: torch.Tensor) -> QuantOut:
     dev = x.device
     kw = k // 2
     data = torch.empty((m, kw), dtype=torch.uint8, device=dev)
-    scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev)
+    scales = torch.empty((m, k // 16), dtype=torch.float8_e4m3fn, device=dev)
     amax = torch.empty((m,), dtype=torch.float32, device=dev)
     nonfinite = torch.empty((m,), dtype=torch.bool, device=dev)
     deq = torch.empty((m, k), dtype=torch.bfloat16, device=dev)
     align4 = kw % 4 == 0 and x.data_ptr() % 16 == 0
-    _launch_token(
-        x.view(torch.int32),
-        data.view(torch.int32),
+    _launch_token(  # the kernel addresses x, data and deq as int32 words, scales as bytes: no host views
+        x,
+        data,
         scales,
         amax,  # no qs
-        deq.view(torch.int32),
+        deq,
         amax,
         nonfinite,
         amax,  # no random bits
@@ -613,7 +613,7 @@ def quantize_token_deq_bf16(x: torch.Tensor) -> QuantOut:
         write_deq=True,
         rne_int=interpret_mode(),
     )
-    return QuantOut(data, scales.view(torch.float8_e4m3fn), amax, nonfinite, None, deq)
+    return QuantOut(data, scales, amax, nonfinite, None, deq)
 
 
 def _launch_bf16(

@@ -305,7 +305,14 @@ def _quant_token_kernel_bf16(
     WRITE_DEQ: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
-    """Per-token scaling, one read: each program holds BLOCK_M whole rows (NB >= K/16 blocks)."""
+    """Per-token scaling, one read: each program holds BLOCK_M whole rows (NB >= K/16 blocks).
+
+    The input, codes and ``deq`` are addressed as 32-bit words and the scales as bytes, whatever element type
+    the caller's tensors have (BF16 input and ``deq``, uint8 codes, E4M3 scales need no views on the host)."""
+    xw_ptr = xw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    data_ptr = data_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    scales_ptr = scales_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+    deq_ptr = deq_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     if ALIGN4:
         stride_w = (stride_w // 4) * 4  # tells the compiler rows start 16-byte aligned (true: checked)
     NBK = KW // 8
