@@ -485,9 +485,9 @@ def _bf16_words_ok(x: torch.Tensor, rbits: torch.Tensor | None) -> bool:
 #: ``token_program_words``: words per program for short rows (several rows per program).
 BF16_CONFIG: dict[str, int] = {
     "token_words_per_thread": 16,
-    # H200 sweep: 0.063 ms on 8192^2 (69% of copy BW) vs 0.093 ms at 4096; on [4096, 2048] 1024 (one row per
-    # program) took 11.2 instead of 14.6 us (benchmarks/RESULTS.md): a candidate, not yet GPU byte-tested
-    "token_program_words": 2048,
+    # H200 sweeps: rows of K <= 2048 one (K = 2048) or a few per program: [4096, 2048] 11.2 instead of 14.6 us
+    # at 2048 words; longer rows are unaffected (8192^2 0.063 ms). Every swept size is GPU byte-tested.
+    "token_program_words": 1024,
     "tensor_block_m": 8,  # per-tensor 1x16: rows x blocks per program
     "tensor_nb": 32,
     "tensor_warps": 4,
