@@ -3,7 +3,7 @@
 #   bash scripts/h200_issue6.sh tests    # GPU tests, one log per file, then all with decode routing (5-8 min)
 #   bash scripts/h200_issue6.sh bench    # decode, quantize A/B, weight sync, model (6-8 min)
 #   bash scripts/h200_issue6.sh probe    # learner-shape quantize sweep, sync launch sizes, model, host profile
-#   bash scripts/h200_issue6.sh launch   # host cost per quantize launch and per quantized linear
+#   bash scripts/h200_issue6.sh launch   # host cost per quantize launch, per quantized linear, per model step
 #   bash scripts/h200_issue6.sh verify   # whole GPU suite on the defaults, interleaved model step, linears
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
@@ -38,14 +38,19 @@ probe)  # learner-shape quantize sweep, weight-sync launch sizes, interleaved mo
     step model 180 python3 scripts/bench_kernels.py --only model --model-rounds 5 --out "$out/model.jsonl"
     step host 100 python3 scripts/bench_host_overhead.py --device cuda --profile triton/nvfp4_per_token_bf16_bwd
     ;;
-launch)  # host cost per quantize launch and per quantized linear
-    step launch 120 python3 scripts/bench_launch_overhead.py
-    step host 100 python3 scripts/bench_host_overhead.py --device cuda \
-        --cases torch_linear,triton/nvfp4_per_token_bf16_bwd
+launch)  # host cost per quantize launch, per quantized linear (lane on/off), per model step at seq 32
+    step launch 120 python3 scripts/bench_launch_overhead.py --rounds 4
+    step host 120 python3 scripts/bench_host_overhead.py --device cuda \
+        --cases torch_linear,autograd_function_floor,triton/nvfp4_per_token_bf16_bwd \
+        --env-variants MINITE_LINEAR_LANE=auto,off
+    step model_host 100 python3 scripts/bench_kernels.py --only model --seq 32 --model-rounds 5 \
+        --model-variants MINITE_LINEAR_LANE=auto,off --out "$out/model_host.jsonl"
+    step host_profile 100 python3 scripts/bench_kernels.py --only model --seq 32 --host-profile
     ;;
 verify)  # the whole GPU suite on the defaults, the interleaved model step (+ profile), linears, quantize
     step gpu_tests 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
-    step model 120 python3 scripts/bench_kernels.py --only model --model-rounds 6 --profile --out "$out/bench.jsonl"
+    step model 170 python3 scripts/bench_kernels.py --only model --model-rounds 7 --profile \
+        --model-variants MINITE_LINEAR_LANE=auto,off --out "$out/bench.jsonl"
     step linear 80 python3 scripts/bench_kernels.py --only linear --out "$out/bench.jsonl"
     step quantize 75 python3 scripts/bench_quantize_sweeps.py --only ab,sync
     ;;
