@@ -1,4 +1,5 @@
 """Shared test configuration: GPU tests skip without CUDA; everything else runs on CPU."""
+
 from __future__ import annotations
 
 import os
@@ -41,11 +42,12 @@ def run_interpreted():
 
     ``triton.jit`` decides when a kernel is defined (also for triton's own library functions) whether it is
     interpreted, so the CPU runs of the Triton kernels need a process that imports triton with the variable
-    set. The call fails the calling test if that run fails or passes nothing."""
+    set. Extra arguments go to that pytest run (e.g. ``"-k", "interp_"``). The call fails the calling test if
+    that run fails or passes nothing."""
 
-    def run(path: str) -> str:
+    def run(path: str, *pytest_args: str) -> str:
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider"],
+            [sys.executable, "-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider", *pytest_args],
             env=dict(os.environ, TRITON_INTERPRET="1"),
             capture_output=True,
             text=True,

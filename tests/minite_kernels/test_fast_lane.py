@@ -9,7 +9,6 @@ interpreter here (a subprocess with ``TRITON_INTERPRET=1``) and compiled on a GP
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -183,25 +182,14 @@ def test_invalid_lane_mode_names_the_choices(monkeypatch):
 
 
 # --- Triton's CPU interpreter -----------------------------------------------------------------------------------
-def test_fast_lane_under_interpreter_in_subprocess():
+def test_fast_lane_under_interpreter_in_subprocess(run_interpreted):
     pytest.importorskip("triton", reason="triton is not installed")
     if torch.cuda.is_available():  # pragma: no cover - the GPU tests below run the compiled kernels
         pytest.skip("CUDA present: the gpu-marked tests cover the lane")
     if _IN_INTERPRETER:
         pytest.skip("already inside the interpreter run")
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-k", "interp_"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "4 passed" in proc.stdout.splitlines()[-1]
+    out = run_interpreted(__file__, "-k", "interp_")
+    assert "4 passed" in out.splitlines()[-1]
 
 
 @_interp_only

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import io
 import os
-import sys
 
 import pytest
 import torch
@@ -280,25 +279,14 @@ _IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
-def test_triton_plumbing_under_interpreter_in_subprocess():
+def test_triton_plumbing_under_interpreter_in_subprocess(run_interpreted):
     pytest.importorskip("triton", reason="triton is not installed")
     if torch.cuda.is_available():  # pragma: no cover - the GPU tests exercise the compiled kernels
         pytest.skip("CUDA present: test_triton_kernels.py covers the compiled kernels")
     if _IN_INTERPRETER:
         pytest.skip("already inside the interpreter run")
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-k", "interp_"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+    out = run_interpreted(__file__, "-k", "interp_")
+    assert "skipped" not in out.splitlines()[-1]
 
 
 @_interp_only

@@ -533,38 +533,15 @@ def _launchers() -> tuple[CachedLauncher, CachedLauncher, CachedLauncher]:
     )
 
 
-def _launch_token(
-    xw,
-    dptr,
-    sptr,
-    qsw,
-    deqw,
-    amax,
-    nonfinite,
-    rb,
-    m,
-    kw,
-    stride_w,
-    align4,
-    sr,
-    write_packed,
-    write_qs,
-    write_deq,
-    rne_int,
-) -> None:
-    """The BF16 per-token kernel on int32 word views (``BF16_CONFIG`` launch geometry)."""
+def _launch_token(ptrs: tuple, m: int, kw: int, stride_w: int, align4: bool, sr: bool, flags: tuple) -> None:
+    """The BF16 per-token kernel (``BF16_CONFIG`` launch geometry). ``ptrs``: input, codes, scales, qs, deq,
+    amax, nonfinite, random bits (the kernel addresses them as words / bytes whatever their element type);
+    ``flags``: (write_packed, write_qs, write_deq)."""
     cfg = BF16_CONFIG
     bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
     _launchers()[0](
         (triton.cdiv(m, bm),),
-        xw,
-        dptr,
-        sptr,
-        qsw,
-        deqw,
-        amax,
-        nonfinite,
-        rb,
+        *ptrs,
         m,
         kw,
         stride_w,
@@ -572,10 +549,10 @@ def _launch_token(
         NB=nb,
         ALIGN4=align4,
         SR=sr,
-        WRITE_PACKED=write_packed,
-        WRITE_QS=write_qs,
-        WRITE_DEQ=write_deq,
-        RNE_INT=rne_int,
+        WRITE_PACKED=flags[0],
+        WRITE_QS=flags[1],
+        WRITE_DEQ=flags[2],
+        RNE_INT=interpret_mode(),
         num_warps=warps,
     )
 
@@ -594,24 +571,14 @@ def quantize_token_deq_bf16(x: torch.Tensor) -> QuantOut:
     nonfinite = torch.empty((m,), dtype=torch.bool, device=dev)
     deq = torch.empty((m, k), dtype=torch.bfloat16, device=dev)
     align4 = kw % 4 == 0 and x.data_ptr() % 16 == 0
-    _launch_token(  # the kernel addresses x, data and deq as int32 words, scales as bytes: no host views
-        x,
-        data,
-        scales,
-        amax,  # no qs
-        deq,
-        amax,
-        nonfinite,
-        amax,  # no random bits
+    _launch_token(  # no qs, no random bits (amax stands in); no host views: the kernel casts the pointers
+        (x, data, scales, amax, deq, amax, nonfinite, amax),
         m,
         kw,
         stride_w=kw,
         align4=align4,
         sr=False,
-        write_packed=True,
-        write_qs=False,
-        write_deq=True,
-        rne_int=interpret_mode(),
+        flags=(True, False, True),
     )
     return QuantOut(data, scales, amax, nonfinite, None, deq)
 
@@ -644,25 +611,8 @@ def _launch_bf16(
     rne_int = interpret_mode()
     cfg = BF16_CONFIG
     if per_token:  # the learner's hot path (one launch per linear input): keep its host work small
-        _launch_token(
-            xw,
-            dptr,
-            sptr,
-            qsw,
-            deqw,
-            amax,
-            nonfinite,
-            rb,
-            m,
-            kw,
-            stride_w,
-            align4,
-            sr,
-            write_packed,
-            write_qs,
-            write_deq,
-            rne_int,
-        )
+        ptrs = (xw, dptr, sptr, qsw, deqw, amax, nonfinite, rb)
+        _launch_token(ptrs, m, kw, stride_w, align4, sr, (write_packed, write_qs, write_deq))
         return
     _, amax_launch, tensor_launch = _launchers()
     nbk = kw // 8
