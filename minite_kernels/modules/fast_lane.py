@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from minite_kernels.backends.base import Backend, dequantize_operand
+from minite_kernels.backends.base import Backend
 from minite_kernels.envswitch import EnvChoice
 from minite_kernels.modules.weight_cache import WeightCache, fprop_weight
 from minite_kernels.recipes import PrecisionRecipe
@@ -114,24 +114,25 @@ def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
-    """(Y, X̂, Ŵ for dgrad): the forward's operands as the generic path makes them (``_forward_dense`` for Y,
-    ``_backward_dense``'s ``dequantize_operand`` of the cached weight for dgrad: the same tensor when the
-    Triton backend quantized the weight)."""
+    """(Y, X̂, Ŵ): the forward's BF16 operands, which the backward reuses. With the Triton backend's cached
+    weight, Ŵ is the very tensor the generic backward's ``dequantize_operand`` returns; a weight quantized
+    elsewhere (``set_quantized_weight``) is dequantized once and memoized on its cached object, to the same
+    values (the Triton dequantizer is bit-equal to the reference), so no per-step copy is held."""
     recipe, backend, quantizer = lane
     qx = quantizer.quantize_token_deq(x2d, recipe.fprop.a)
-    qw = fprop_weight(recipe, backend, cache, weight, weight, 0)
-    y = torch.mm(qx.deq, _BOUND["dequant_operand"](qw).t())
+    w_hat = _BOUND["dequant_operand"](fprop_weight(recipe, backend, cache, weight, weight, 0))
+    y = torch.mm(qx.deq, w_hat.t())
     if bias is not None:
         y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
-    return y, qx.deq, qw
+    return y, qx.deq, w_hat
 
 
 class _LaneFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, lane, cache):  # type: ignore[override]
-        y, x_hat, qw = _forward(lane, cache, x2d, weight, bias)
+        y, x_hat, w_hat = _forward(lane, cache, x2d, weight, bias)
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x_hat, dequantize_operand(qw, weight.dtype))
+        ctx.save_for_backward(x_hat, w_hat)
         return y
 
     @staticmethod
