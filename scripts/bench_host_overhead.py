@@ -36,6 +36,7 @@ prints the cProfile top functions of one case.
 
     python scripts/bench_host_overhead.py                     # CPU, all cases
     python scripts/bench_host_overhead.py --profile triton/nvfp4_per_token_bf16_bwd
+    python scripts/bench_host_overhead.py --model            # whole steps of a 28-layer tiny Qwen3, lane on/off
 """
 
 from __future__ import annotations
@@ -332,6 +333,92 @@ def op_table(step, device: torch.device, iters: int = 50) -> dict:
     return rec
 
 
+def bench_model(device: torch.device, rounds: int, env_variants: str, sync) -> None:
+    """Host time of whole training steps: a Qwen3 with the 1.7B model's 28 layers and 7 linears per layer but
+    tiny widths (hidden 64), seq 32, so the kernels cost next to nothing and the step time is the host's.
+    bf16 and ``nvfp4_per_token_bf16_bwd`` (Triton backend; its launchers stubbed off CUDA) under each value of
+    ``env_variants`` (default ``MINITE_LINEAR_LANE=auto,off``), interleaved for ``rounds`` rounds; medians and
+    Python calls per step (machine-independent)."""
+    import copy
+    import statistics
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from minite_kernels import quantize_model
+    from minite_kernels.backends.triton import TritonBackend
+
+    cfg = Qwen3Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=28,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(cfg).to(device=device, dtype=torch.bfloat16)
+    base.train()
+    ids = torch.randint(0, 256, (1, 32), device=device)
+    m = copy.deepcopy(base)
+    quantize_model(m, "nvfp4_per_token_bf16_bwd", backend=TritonBackend(device))
+    var, _, vals = (env_variants or "MINITE_LINEAR_LANE=auto,off").partition("=")
+    values = [v for v in vals.split(",") if v]
+
+    def step(model):
+        model(input_ids=ids, labels=ids).loss.backward()
+        for q in model.parameters():
+            q.grad = None
+
+    def timed(model, n=8) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step(model)
+        sync()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    def calls(model) -> float:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(3):
+            step(model)
+        prof.disable()
+        return pstats.Stats(prof).total_calls / 3
+
+    ctx = stub_triton_kernels() if device.type != "cuda" else contextlib.nullcontext()
+    ms: dict[str, list[float]] = {"bf16": []}
+    pycalls = {}
+    with ctx:
+        for model in (base, m):
+            for _ in range(3):
+                step(model)
+        for r in range(rounds):
+            ms["bf16"].append(timed(base))
+            for v in values[r % len(values) :] + values[: r % len(values)]:
+                os.environ[var] = v
+                ms.setdefault(f"nvfp4_per_token_bf16_bwd[{var}={v}]", []).append(timed(m))
+        pycalls["bf16"] = calls(base)
+        for v in values:
+            os.environ[var] = v
+            pycalls[f"nvfp4_per_token_bf16_bwd[{var}={v}]"] = calls(m)
+    os.environ.pop(var, None)
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    rec = {
+        "bench": "host_overhead_model",
+        "device": str(device),
+        "model": "qwen3, 28 layers x 7 linears, hidden 64, seq 32",
+        "ms_per_step_median": {k: round(v, 1) for k, v in med.items()},
+        "ms_rounds": {k: [round(x, 1) for x in v] for k, v in ms.items()},
+        "overhead_ms_vs_bf16": {k: round(v - med["bf16"], 1) for k, v in med.items() if k != "bf16"},
+        "python_calls_per_step": pycalls,
+    }
+    print(json.dumps(rec), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
@@ -354,6 +441,12 @@ def main(argv=None) -> int:
         "(named 'case[NAME=V]'), all in this process",
     )
     p.add_argument(
+        "--model",
+        action="store_true",
+        help="time whole training steps of a 28-layer tiny-width Qwen3 instead (see bench_model)",
+    )
+    p.add_argument("--rounds", type=int, default=6, help="--model: interleaved rounds")
+    p.add_argument(
         "--phases", action="store_true", help="also time the forward alone, without and with autograd"
     )
     p.add_argument(
@@ -365,6 +458,9 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if args.model:
+        bench_model(device, args.rounds, args.env_variants, sync)
+        return 0
     cases = ["torch_linear", "autograd_function_floor"]
     for kind in ("fake", "triton", "emulated"):
         cases += [f"{kind}/{r}" for r in RECIPES]
@@ -379,7 +475,7 @@ def main(argv=None) -> int:
     if args.env_variants:
         env_name, _, vals = args.env_variants.partition("=")
         env_values = [v for v in vals.split(",") if v]
-        expand = lambda c: c.startswith("triton/") and "[" not in c  # noqa: E731
+        expand = lambda c: c.startswith("triton/") and "[" not in c
         cases = [
             f"{c}[{env_name}={v}]" if expand(c) else c
             for c in cases
