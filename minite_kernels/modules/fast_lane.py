@@ -80,12 +80,9 @@ def lane_ok(
         and not a.stochastic_rounding
         and b.quantized
         and recipe.backward_operands == "dequantized_forward"
+        # no backend: a plain BF16 matmul, both operands unquantized (functional._route_gemm)
         and dgrad_backend is None
         and wgrad_backend is None
-        and not recipe.dgrad.a.quantized
-        and not recipe.dgrad.b.quantized
-        and not recipe.wgrad.a.quantized
-        and not recipe.wgrad.b.quantized
     )
     if ok:
         _bind()
