@@ -659,6 +659,72 @@ def bench_weight_sync(args):
     )
 
 
+@section("optim")
+def bench_optim(args):
+    """AdamW on the 196 Qwen3-1.7B linears (bf16 params, grads, states), and weight sync fed by its amaxes.
+
+    Optimizer: torch's fused AdamW, the same plus a separate amax read per weight (what a two-pass sync costs
+    on top), and minite_kernels.optim.AdamW (amax recorded in the update pass). Weight sync: the requantizer
+    with its own amax pass vs ``amax_from=`` the optimizer (one read per weight)."""
+    from minite_kernels.backends.triton import WeightRequantizer
+    from minite_kernels.optim import AdamW
+
+    copy_gbps = _copy_gbps(args)
+    params = [torch.nn.Parameter(w) for w in _qwen3_1p7b_weights()]
+    nparam = sum(p.numel() for p in params)
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    hp = dict(lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    ours = AdamW(params, **hp)
+    ours.step()
+    torch_fused = torch.optim.AdamW(params, **hp, fused=True)
+    torch_fused.step()
+
+    def torch_then_amax():
+        torch_fused.step()
+        return [p.detach().abs().amax() for p in params]
+
+    times = {
+        "torch_fused": bench(torch_fused.step, rep=100),
+        "torch_fused_then_amax": bench(torch_then_amax, rep=100),
+        "ours_with_amax": bench(ours.step, rep=100),
+    }
+    step_bytes = nparam * 2 * 7  # read p, g, m, v; write p, m, v (bf16)
+    for case, ms in times.items():
+        emit(
+            {
+                "bench": "optim_adamw",
+                "case": case,
+                "params_B": nparam / 1e9,
+                "ms": ms,
+                "ratio_vs_torch_fused": ms / times["torch_fused"],
+                "frac_copy_bw": step_bytes / ms / 1e6 / copy_gbps,
+            }
+        )
+    ours.step()  # the weights now hold what ours wrote, with current amaxes
+    own = WeightRequantizer(params)
+    fed = WeightRequantizer(params, amax_from=ours)
+    a, b = own.sync(), fed.sync()
+    same = all(torch.equal(x.data, y.data) and torch.equal(x.amax, y.amax) for x, y in zip(a, b))
+    for name, rq, traffic in (("own_amax_pass", own, 4.5625), ("amax_from_optimizer", fed, 2.5625)):
+        ms = bench(rq.sync, rep=200)
+        emit(
+            {
+                "bench": "weight_sync",
+                "case": f"qwen3_1.7b_linears_{name}",
+                "amax_given": rq.amax_given,
+                "bytes_equal_to_own_amax_pass": same,
+                "params_B": nparam / 1e9,
+                "ms": ms,
+                "ms_per_B_params": ms / (nparam / 1e9),
+                "frac_copy_bw_useful": nparam * 2.5625 / ms / 1e6 / copy_gbps,
+                "frac_copy_bw_traffic": nparam * traffic / ms / 1e6 / copy_gbps,
+                "copy_GBps": copy_gbps,
+                "target_frac": 0.8,
+            }
+        )
+
+
 @section("model")
 def bench_model(args):
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -889,6 +955,7 @@ SECTIONS = {
         bench_decode,
         bench_logprobs,
         bench_weight_sync,
+        bench_optim,
         bench_model,
     )
 }

@@ -5,6 +5,7 @@
 #   bash scripts/h200_issue6.sh probe    # learner-shape quantize sweep, sync launch sizes, model, host profile
 #   bash scripts/h200_issue6.sh launch   # host cost per quantize launch, per quantized linear, per model step
 #   bash scripts/h200_issue6.sh verify   # whole GPU suite on the defaults, interleaved model step, linears
+#   bash scripts/h200_issue6.sh optim    # whole GPU suite, AdamW with amax + weight sync fed by it, launch cost
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -54,8 +55,13 @@ verify)  # the whole GPU suite on the defaults, the interleaved model step (+ pr
     step linear 80 python3 scripts/bench_kernels.py --only linear --out "$out/bench.jsonl"
     step quantize 75 python3 scripts/bench_quantize_sweeps.py --only ab,sync
     ;;
+optim)  # the whole GPU suite, the optimizer's amax feeding weight sync, launch cost with address arguments
+    step gpu_tests 260 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
+    step optim 150 python3 scripts/bench_kernels.py --only optim --out "$out/optim.jsonl"
+    step launch 110 python3 scripts/bench_launch_overhead.py --rounds 4
+    ;;
 *)
-    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify" >&2
+    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim" >&2
     exit 2
     ;;
 esac

@@ -118,6 +118,10 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     warmup_steps: int = 0
+    # local engine: "minite" = minite_kernels.optim.AdamW (one fused Triton pass that also records each weight's
+    # amax, so weight sync reads every weight once); "torch" = torch.optim.AdamW; "auto" = minite on CUDA with
+    # Triton, else torch. Same AdamW either way (fp32 math; checkpoints interchange).
+    impl: Literal["auto", "torch", "minite"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -380,6 +384,9 @@ def validate(cfg: Config) -> Config:
             f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: "
             "engine=local shares one model object between learner and sampler, so both run one precision recipe. "
             "Set them equal (or use engine=verl, where vLLM is the sampler).")
+    if cfg.engine == "verl" and cfg.optim.impl == "minite":
+        raise ConfigError("optim.impl='minite' applies to engine=local; verl's FSDP workers build their own "
+                          "optimizer (valid with engine=verl: 'auto', 'torch')")
     if cfg.algorithm.loss_mode == "triage" and cfg.algorithm.rollout_correction.rollout_is is not None:
         raise ConfigError(
             "algorithm.loss_mode=triage applies its own TIS cap (algorithm.triage.tis_cap); set "

@@ -86,3 +86,11 @@ def test_yaml_roundtrip(tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text(to_yaml(cfg))
     assert from_yaml_file(p) == cfg
+
+
+def test_optim_impl_is_validated_and_minite_is_local_only():
+    with pytest.raises(ConfigError, match=r"optim.impl='fused' is not valid; valid choices: 'auto', 'torch', 'minite'"):
+        load_config(["optim.impl=fused"])
+    with pytest.raises(ConfigError, match=r"optim.impl='minite' applies to engine=local"):
+        load_config(["engine=verl", "optim.impl=minite"])
+    assert load_config(["optim.impl=minite"]).optim.impl == "minite"

@@ -123,6 +123,25 @@ def test_resume_keeps_the_interrupted_runs_cpu_threads(tiny_model_dir, tmp_path)
     torch.set_num_threads(before)
 
 
+def test_minite_optimizer_resumes_a_torch_adamw_checkpoint(tiny_model_dir, tmp_path):
+    """optim.impl=minite (minite_kernels.optim.AdamW; its PyTorch reference path on CPU) continues a run whose
+    checkpoint torch.optim.AdamW wrote: same state layout. The run metadata names the optimizer."""
+    out = tmp_path / "optim"
+    common = ["recipe=bf16", "reward.fn=reward_helpers:length_reward", *_args(tiny_model_dir, out)]
+    run_local(load_config(["trainer.max_steps=1", "optim.impl=torch", *common]))
+    assert json.loads((out / "run_meta.json").read_text())["optimizer"] == "torch"
+    trainer = LocalTrainer(load_config(["trainer.max_steps=2", "optim.impl=minite", *common]))
+    trainer.setup()
+    from minite_kernels.optim import AdamW
+
+    assert trainer.start_step == 1 and isinstance(trainer.optimizer, AdamW)
+    assert all(s["step"].item() == 1 for s in trainer.optimizer.state.values())
+    trainer.step(1)
+    assert all(s["step"].item() == 2 for s in trainer.optimizer.state.values())
+    assert trainer.optimizer.reference_params > 0 and trainer.optimizer.kernel_launches == 0
+    assert json.loads((out / "run_meta.json").read_text())["optimizer"] == "minite"
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, uninterrupted):
     """A real `kill -9` of `python -m trainers.grpo` mid-run, then trainer.resume=auto."""

@@ -58,6 +58,21 @@ def choose_cpu_threads(requested: int | None, device: torch.device) -> int:
     return torch.get_num_threads()
 
 
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means no Triton here
+        return False
+    return True
+
+
+def _optim_impl(impl: str, device: torch.device) -> str:
+    """optim.impl resolved: "auto" is minite_kernels' AdamW where its fused kernel runs (CUDA with Triton)."""
+    if impl == "auto":
+        return "minite" if device.type == "cuda" and _triton_importable() else "torch"
+    return impl
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -183,7 +198,12 @@ class LocalTrainer:
         self._prompt_cache: dict[int, list[int]] = {}
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self.optim_impl = _optim_impl(o.impl, self.device)
+        opt_cls = torch.optim.AdamW
+        if self.optim_impl == "minite":
+            from minite_kernels.optim import AdamW as opt_cls
+        self.optimizer = opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self._grouped_sync = None  # built on the first weight sync (after the optimizer has state)
         warm = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
@@ -219,7 +239,7 @@ class LocalTrainer:
         atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
-                "cpu_threads": self.cpu_threads,
+                "cpu_threads": self.cpu_threads, "optimizer": self.optim_impl,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
                 "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
                 "sampling_backend": "flashinfer" if self.sampler_backend() == "flashinfer" else "torch",
@@ -332,14 +352,25 @@ class LocalTrainer:
 
     def _weight_sync(self) -> dict[str, float]:
         """The sampler shares the learner's parameters; quantized weight caches are keyed on the parameter
-        version counter, so the first sampler forward after the optimizer step re-quantizes. We trigger that
-        re-quantization here (a 1-token forward) so its cost is reported as `timing/sync_s`."""
+        version counter, so the first sampler forward after the optimizer step re-quantizes. On CUDA with the
+        Triton kernels, all eligible weights are re-quantized here in grouped launches (ModelWeightSync, with
+        the optimizer's amaxes when it records them); whatever remains is re-quantized by a 1-token forward,
+        so the whole cost is reported as `timing/sync_s`."""
         if not self.precision.get("patched"):
             return {}
+        metrics: dict[str, float] = {}
+        if self.device.type == "cuda" and _triton_importable():
+            if self._grouped_sync is None:
+                from minite_kernels.modules.weight_sync import ModelWeightSync
+
+                self._grouped_sync = ModelWeightSync(self.model, self.optimizer)
+            metrics = self._grouped_sync.sync()
+            metrics["perf/grouped_sync_weights"] = metrics.pop("perf/requantized_weights")
         before = _weight_cache_misses(self.model)
         with torch.no_grad():
             self.model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
-        return {"perf/requantized_weights": float(_weight_cache_misses(self.model) - before)}
+        metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.model) - before)
+        return metrics
 
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg

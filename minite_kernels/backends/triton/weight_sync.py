@@ -24,6 +24,12 @@ updated in place by the optimizer (their addresses must not change), so the grap
 
 Bytes per parameter and step: 2 (amax read) + 2 (quantize read) + 0.5625 (packed write) [+ 2 with the
 BF16 ``qs`` GEMM operand], reported by ``scripts/bench_kernels.py`` against the device copy bandwidth.
+
+``amax_from=optimizer`` (``minite_kernels.optim.AdamW``, whose step writes max|W| of each weight as it
+updates it) replaces the amax pass by a gather of those amaxes: one read per weight, 2.5625 B/param. The
+amaxes are used only while every grouped weight is unchanged since the optimizer's step wrote it (version
+counters, checked on the host each sync); otherwise that sync runs the amax pass as before
+(``amax_given`` reports which). The codes are the same bytes either way: the amax is exact.
 Worked example (Qwen3-1.7B, 1.41 B params): 4.5625 B/param = 6.43 GB per sync, i.e. 1.6 ms at 4 TB/s.
 Measured on the H200 (benchmarks/RESULTS.md): grouped 2.13-2.24 ms (1.51-1.59 ms per billion parameters,
 73-76% of the copy bandwidth on this traffic); per weight with the first quantize formulation 3.37 ms.
@@ -64,6 +70,7 @@ class WeightRequantizer:
         cuda_graph: bool = True,
         grouped: bool = True,
         chunk_bytes: int | None = None,
+        amax_from=None,
     ) -> None:
         from .backend import TritonNVFP4Tensor
 
@@ -109,17 +116,27 @@ class WeightRequantizer:
                 nonfinite=o.nonfinite,
                 qs=o.qs,
                 deq=o.deq,
+                # the objects are refreshed in place every sync: a qs recomputed from the codes must not be kept
+                qs_transient=not write_qs,
             )
             for w, (o, _) in zip(self.weights, self._bufs)
         ]
         self.qs = [o.qs for o, _ in self._bufs]
-        self._graph = None
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self._use_graph = bool(cuda_graph) and dev.type == "cuda"
         self._groups: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, int, torch.Tensor]] = []
         self._single = list(range(len(self.weights)))
+        self._grouped_idx: list[int] = []
         self._scratch = None
+        self._amax_from = amax_from
+        self._amax_src: tuple | None = None
+        self.amax_given = False  # whether the last sync took the amaxes from ``amax_from``
         if self.grouped:
             self._build_groups(chunk_bytes)
+        if amax_from is not None:
+            if not self.grouped:
+                raise ValueError("amax_from needs grouped=True (the per-weight path computes its own amax)")
+            self._bind_amax()
 
     @property
     def num_params(self) -> int:
@@ -127,9 +144,10 @@ class WeightRequantizer:
 
     @property
     def num_launches(self) -> int:
-        """Kernel launches (and memsets) per sync."""
+        """Kernel launches (and memsets or gathers) per sync, as the last sync ran."""
         per_weight = 3 if self._single else 0  # scratch memset + amax + quantize (bf16 path)
-        return 2 * len(self._groups) + (1 if self._groups else 0) + per_weight * len(self._single)
+        per_group = 1 if self.amax_given else 2
+        return per_group * len(self._groups) + (1 if self._groups else 0) + per_weight * len(self._single)
 
     @staticmethod
     def _groupable(w: torch.Tensor) -> bool:
@@ -147,6 +165,7 @@ class WeightRequantizer:
         self._cfg = cfg = dict(_q.BF16_CONFIG)
         idx = [i for i, w in enumerate(self.weights) if self._groupable(w)]
         self._single = [i for i in range(len(self.weights)) if i not in set(idx)]
+        self._grouped_idx = idx
         if not idx:
             return
         chunks: list[list[int]] = [[]]
@@ -206,21 +225,47 @@ class WeightRequantizer:
             self._groups.append((table, amap, a_start, qmap, q_start, scratch))
             first += len(chunk)
 
-    def _run_grouped(self) -> None:
+    def _bind_amax(self) -> None:
+        """Index the grouped weights' slots in the optimizer's amax buffer (``optim.AdamW.amax_slots``)."""
+        grouped = [self.weights[i] for i in self._grouped_idx]
+        try:
+            self._amax_src = self._amax_from.amax_slots(grouped) if grouped else None
+        except ValueError as e:
+            raise ValueError(
+                f"amax_from: every weight must be one of the optimizer's parameters ({e})"
+            ) from None
+
+    def _amax_ready(self) -> bool:
+        """The optimizer's amaxes are usable: same buffer as when bound, every grouped weight unchanged
+        since its last step (otherwise this sync computes the amaxes itself)."""
+        src = self._amax_src
+        if src is None:
+            return False
+        if src[0] is not self._amax_from.amax_buffer():
+            self._bind_amax()
+            self._graphs.clear()
+        return self._amax_from.amax_current([self.weights[i] for i in self._grouped_idx])
+
+    def _run_grouped(self, amax_given: bool = False) -> None:
         from .quantize_bf16 import _grouped_amax_kernel, _grouped_quant_kernel
 
         cfg = self._cfg
-        self._scratch.zero_()
+        if amax_given:  # the optimizer wrote max|W| with the update: gather instead of re-reading W
+            bits, index = self._amax_src
+            torch.index_select(bits, 0, index, out=self._scratch)
+        else:
+            self._scratch.zero_()
         for table, amap, n_a, qmap, n_q, scratch in self._groups:
-            _grouped_amax_kernel[(n_a,)](
-                table,
-                amap,
-                scratch,
-                A_ROWS=cfg["amax_rows"],
-                BLOCK_M=cfg["amax_block_m"],
-                BLOCK_W=cfg["amax_block_w"],
-                num_warps=cfg["amax_warps"],
-            )
+            if not amax_given:
+                _grouped_amax_kernel[(n_a,)](
+                    table,
+                    amap,
+                    scratch,
+                    A_ROWS=cfg["amax_rows"],
+                    BLOCK_M=cfg["amax_block_m"],
+                    BLOCK_W=cfg["amax_block_w"],
+                    num_warps=cfg["amax_warps"],
+                )
             _grouped_quant_kernel[(n_q,)](
                 table,
                 qmap,
@@ -234,9 +279,9 @@ class WeightRequantizer:
                 num_warps=cfg["tile16_warps"] if self.tile16 else cfg["tensor_warps"],
             )
 
-    def _run(self) -> None:
+    def _run(self, amax_given: bool = False) -> None:
         if self._groups:
-            self._run_grouped()
+            self._run_grouped(amax_given)
         for i in self._single:
             out, scratch = self._bufs[i]
             quantize_nvfp4_triton(
@@ -251,19 +296,23 @@ class WeightRequantizer:
             )
 
     def sync(self) -> list:
-        """Re-quantize all weights now; returns the (reused) TritonNVFP4Tensor list."""
+        """Re-quantize all weights now; returns the (reused) TritonNVFP4Tensor list. With ``amax_from``, the
+        amax pass is skipped whenever the optimizer's amaxes are current (``amax_given`` says which)."""
+        given = self._amax_ready()
+        self.amax_given = given
         if not self._use_graph:
-            self._run()
+            self._run(given)
             return self.quantized
-        if self._graph is None:
+        graph = self._graphs.get(given)
+        if graph is None:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self._run()  # compiles the kernels outside the capture
+                self._run(given)  # compiles the kernels outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._run()
-            self._graph = graph
-        self._graph.replay()
+                self._run(given)
+            self._graphs[given] = graph
+        graph.replay()
         return self.quantized

@@ -1,0 +1,249 @@
+"""AdamW whose step also records max|θ| of every parameter, so that NVFP4 weight sync reads each weight once.
+
+Weight sync (report §6.5) quantizes every linear weight after each optimizer step. NVFP4's per-tensor scale
+needs ``amax = max|W|`` before the first code can be written, so a standalone re-quantizer reads every
+weight twice (an amax pass, then the quantize pass): 4.56 bytes of traffic per BF16 parameter instead of
+2.56. The optimizer already reads and writes every weight, so it can produce the amax at no extra traffic;
+``WeightRequantizer(..., amax_from=optimizer)`` then skips its amax pass (one read per weight).
+
+The update is torch's AdamW (decoupled weight decay), computed in fp32 and rounded once to the parameter's
+dtype (as ``torch.optim.AdamW(fused=True)`` does), with correctly rounded square roots and divisions; the
+Triton kernel and the PyTorch reference below agree bit for bit, and both stay within a few fp32 ulps of
+``torch.optim.AdamW`` (whose CPU square root is 1-ulp accurate, not correctly rounded)::
+
+    θ ← θ·(1 − γλ)
+    m ← m + (1 − β₁)(g − m)                     (torch's ``lerp``)
+    v ← β₂·v + (1 − β₂)·g²
+    θ ← θ − γ/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
+    amax(θ) = max |θ|                           (of the stored, rounded values)
+
+Worked example (one fp32 parameter, first step, γ = 0.1, λ = 0, β = (0.9, 0.999), ε = 0): θ = 1, g = 2 →
+m = 0.2, v = 0.004, m̂ = 2, v̂ = 4, θ ← 1 − 0.1·2/2 = 0.9, amax = 0.9.
+
+The state (``step``, ``exp_avg``, ``exp_avg_sq``) and the parameter groups have ``torch.optim.AdamW``'s
+layout, so checkpoints load either way. Unsupported AdamW options (``amsgrad``, ``maximize``,
+``capturable``, ``differentiable``, ``fused``) raise.
+
+Execution: on CUDA with Triton, parameters that share (dtype, state dtype, step) run in one grouped launch
+(``backends/triton/adamw.py``); anything else (CPU, misaligned or non-contiguous tensors) takes the pure
+PyTorch reference below, with the amax from ``abs().amax()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch.autograd.graph import increment_version
+
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
+
+
+def adamw_reference_(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> torch.Tensor:
+    """One AdamW step in place (fp32 math, one rounding to each tensor's dtype); returns max|θ| (fp32, 0-d)."""
+    pf, gf, mf, vf = (t if t.dtype == torch.float32 else t.float() for t in (p, g, m, v))
+    bc1 = 1 - beta1**step
+    bc2_sqrt = math.sqrt(1 - beta2**step)
+    pf.mul_(1 - lr * weight_decay)
+    mf.lerp_(gf, 1 - beta1)
+    vf.mul_(beta2).addcmul_(gf, gf, value=1 - beta2)
+    denom = (vf.double().sqrt().float() / bc2_sqrt).add_(
+        eps
+    )  # correctly rounded √ (torch's CPU one is 1 ulp)
+    pf.addcdiv_(mf, denom, value=-(lr / bc1))
+    for dst, src in ((p, pf), (m, mf), (v, vf)):
+        if dst is not src:
+            dst.copy_(src)
+    return p.detach().abs().amax().float()
+
+
+def _kernel_ok(ts: Sequence[torch.Tensor]) -> bool:
+    from minite_kernels.backends.triton._common import kernel_device_ok
+
+    return all(kernel_device_ok(t) and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
+
+
+def _triton_usable(device: torch.device) -> bool:
+    if device.type == "cpu":
+        from minite_kernels.backends.triton._common import interpret_mode
+
+        if not interpret_mode():
+            return False
+    elif device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means no Triton here
+        return False
+    return True
+
+
+class AdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` (same arguments, state and checkpoints) whose ``step()`` also records the amax
+    of every parameter it updates, in the same pass over the weights on CUDA.
+
+    ``amax(p)``: max|p| after the last step (fp32, 0-d device tensor). ``amax_slots(params)`` gives the
+    buffer and index that ``WeightRequantizer(amax_from=...)`` gathers from; ``amax_current(params)`` says
+    whether every one of them still holds the values the last step wrote (no in-place change since).
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        **kw,
+    ) -> None:
+        bad = [k for k in _UNSUPPORTED if kw.get(k)]
+        if bad:
+            raise ValueError(
+                f"minite_kernels.optim.AdamW does not support {', '.join(bad)}=True; use torch.optim.AdamW "
+                "for those options (valid here: lr, betas, eps, weight_decay, foreach)"
+            )
+        unknown = set(kw) - set(_UNSUPPORTED) - {"foreach"}
+        if unknown:
+            raise TypeError(f"unexpected argument(s) {sorted(unknown)}; valid: lr, betas, eps, weight_decay")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
+        self._slots: dict[int, int] = {}
+        self._amax_bits: torch.Tensor | None = None
+        self._versions: list[int] = []
+        self._pmaps: dict[tuple, torch.Tensor] = {}
+        self.kernel_launches = 0
+        self.reference_params = 0
+
+    # --- amax bookkeeping ------------------------------------------------------------------------
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _ensure_slots(self) -> torch.Tensor:
+        params = self._params()
+        if self._amax_bits is None or len(self._slots) != len(params):
+            self._slots = {id(p): i for i, p in enumerate(params)}
+            dev = params[0].device if params else torch.device("cpu")
+            self._amax_bits = torch.zeros(len(params), dtype=torch.int32, device=dev)
+            self._versions = [-1] * len(params)
+        return self._amax_bits
+
+    def _slot(self, p: torch.Tensor) -> int:
+        self._ensure_slots()
+        try:
+            return self._slots[id(p)]
+        except KeyError:
+            raise ValueError("tensor is not a parameter of this optimizer") from None
+
+    def amax(self, p: torch.Tensor) -> torch.Tensor:
+        """max|p| as written by the last step (0-d fp32 on the parameters' device)."""
+        return self._ensure_slots()[self._slot(p)].view(torch.float32)
+
+    def amax_buffer(self) -> torch.Tensor:
+        """The int32 buffer of amax bits, one slot per parameter (replaced only when parameters are added)."""
+        return self._ensure_slots()
+
+    def amax_slots(self, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int32 buffer of amax bits, index of ``params`` in it): gathering gives their amaxes; the buffer
+        keeps its address for the optimizer's lifetime (CUDA-graph safe)."""
+        bits = self._ensure_slots()
+        index = torch.tensor([self._slot(p) for p in params], dtype=torch.long, device=bits.device)
+        return bits, index
+
+    def amax_current(self, params: Sequence[torch.Tensor]) -> bool:
+        """True when every parameter is unchanged since this optimizer's last step wrote it (its version
+        counter is the one recorded then), so its recorded amax is exact."""
+        self._ensure_slots()
+        return all(self._versions[self._slot(p)] == p._version for p in params)
+
+    # --- the step --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        bits = self._ensure_slots()
+        for group in self.param_groups:
+            beta1, beta2 = (float(b) for b in group["betas"])
+            lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            batches: dict[tuple, list] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamW does not support sparse gradients")
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = int(state["step"].item())
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                quad = (p, p.grad, m, v)
+                if (
+                    _triton_usable(p.device)
+                    and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+                    and p.grad.dtype == p.dtype
+                    and m.dtype == v.dtype
+                    and p.device == bits.device
+                    and _kernel_ok(quad)
+                ):
+                    batches.setdefault((p.dtype, m.dtype, t), []).append(quad)
+                    continue
+                amax = adamw_reference_(
+                    p, p.grad, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=t
+                )
+                slot = self._slot(p)
+                bits[slot] = amax.to(bits.device).view(torch.int32)
+                self._versions[slot] = p._version
+                self.reference_params += 1
+            for (p_dtype, s_dtype, t), quads in batches.items():
+                self._launch(quads, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd)
+        return loss
+
+    def _launch(self, quads, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd) -> None:
+        from minite_kernels.backends.triton import adamw as K
+
+        bits = self._amax_bits
+        rows, counts, start = [], [], 0
+        slots = []
+        for p, g, m, v in quads:
+            n = p.numel()
+            programs = -(-n // K.BLOCK)
+            slot = self._slot(p)
+            slots.append(slot)
+            rows.append([p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, start, slot, 0])
+            counts.append(programs)
+            start += programs
+        dev = bits.device
+        table = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+        key = (dev, tuple(counts))
+        pmap = self._pmaps.get(key)  # program -> row map: fixed while the batch's sizes are
+        if pmap is None:
+            pmap = torch.repeat_interleave(torch.arange(len(quads), dtype=torch.int32), torch.tensor(counts))
+            pmap = self._pmaps[key] = pmap.to(dev)
+        index = torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True)
+        bits.index_fill_(0, index, 0)
+        scalars = torch.tensor(
+            [1 - lr * wd, 1 - beta1, beta2, 1 - beta2, -(lr / (1 - beta1**t)), math.sqrt(1 - beta2**t), eps],
+            dtype=torch.float32,
+        ).to(dev, non_blocking=True)
+        K.launch_adamw_amax(table, pmap, bits, start, scalars, p_dtype, s_dtype)
+        self.kernel_launches += 1
+        for (p, _g, m, v), slot in zip(quads, slots):
+            for x in (p, m, v):  # the kernel wrote through raw pointers: tell autograd and the weight caches
+                increment_version(x)
+            self._versions[slot] = p._version
