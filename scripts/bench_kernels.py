@@ -689,6 +689,36 @@ def bench_optim(args):
         "torch_fused_then_amax": bench(torch_then_amax, rep=100),
         "ours_with_amax": bench(ours.step, rep=100),
     }
+    _profile_step(torch_fused.step, "optim_torch_fused")
+    _profile_step(ours.step, "optim_ours_with_amax")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        ours.step()  # host time: returns once the launch is queued
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / 10
+    host = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        ours.step()
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    emit({"bench": "optim_adamw", "case": "ours_host", "host_ms": 1e3 * sorted(host)[5], "wall_ms": 1e3 * wall})
+    if getattr(args, "optim_sweep", False):
+        from minite_kernels.backends.triton import adamw as K
+
+        default = (K.BLOCK, K.WARPS)
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8, 16):
+                if block // (32 * warps) < 4:
+                    continue
+                K.BLOCK, K.WARPS = block, warps
+                ours._pmaps.clear()
+                ms = bench(ours.step, rep=60)
+                emit({"bench": "optim_sweep", "block": block, "warps": warps, "ms": ms,
+                      "frac_copy_bw": nparam * 14 / ms / 1e6 / copy_gbps})
+        K.BLOCK, K.WARPS = default
+        ours._pmaps.clear()
     step_bytes = nparam * 2 * 7  # read p, g, m, v; write p, m, v (bf16)
     for case, ms in times.items():
         emit(
@@ -988,6 +1018,7 @@ def main(argv=None) -> int:
         default=[1, 4, 16],
         help="comma list of decode batch sizes (default 1,4,16: the issue's)",
     )
+    p.add_argument("--optim-sweep", action="store_true", help="optim: sweep the AdamW kernel's launch sizes")
     p.add_argument("--profile", action="store_true", help="profile one model step (CPU- vs GPU-bound)")
     p.add_argument(
         "--host-profile",

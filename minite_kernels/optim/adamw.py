@@ -70,12 +70,6 @@ def adamw_reference_(
     return p.detach().abs().amax().float()
 
 
-def _kernel_ok(ts: Sequence[torch.Tensor]) -> bool:
-    from minite_kernels.backends.triton._common import kernel_device_ok
-
-    return all(kernel_device_ok(t) and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
-
-
 def _triton_usable(device: torch.device) -> bool:
     if device.type == "cpu":
         from minite_kernels.backends.triton._common import interpret_mode
@@ -123,20 +117,19 @@ class AdamW(torch.optim.AdamW):
         self._amax_bits: torch.Tensor | None = None
         self._versions: list[int] = []
         self._pmaps: dict[tuple, torch.Tensor] = {}
+        self._step_views: dict[int, tuple] = {}
         self.kernel_launches = 0
         self.reference_params = 0
 
     # --- amax bookkeeping ------------------------------------------------------------------------
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]]
-
     def _ensure_slots(self) -> torch.Tensor:
-        params = self._params()
-        if self._amax_bits is None or len(self._slots) != len(params):
+        n = sum(len(g["params"]) for g in self.param_groups)
+        if self._amax_bits is None or len(self._slots) != n:
+            params = [p for g in self.param_groups for p in g["params"]]
             self._slots = {id(p): i for i, p in enumerate(params)}
             dev = params[0].device if params else torch.device("cpu")
-            self._amax_bits = torch.zeros(len(params), dtype=torch.int32, device=dev)
-            self._versions = [-1] * len(params)
+            self._amax_bits = torch.zeros(n, dtype=torch.int32, device=dev)
+            self._versions = [-1] * n
         return self._amax_bits
 
     def _slot(self, p: torch.Tensor) -> int:
@@ -165,9 +158,27 @@ class AdamW(torch.optim.AdamW):
         """True when every parameter is unchanged since this optimizer's last step wrote it (its version
         counter is the one recorded then), so its recorded amax is exact."""
         self._ensure_slots()
-        return all(self._versions[self._slot(p)] == p._version for p in params)
+        versions, slots = self._versions, self._slots
+        return all(versions[slots[id(p)]] == p._version for p in params if id(p) in slots) and all(
+            id(p) in slots for p in params
+        )
 
     # --- the step --------------------------------------------------------------------------------
+    def _bump_step(self, p: torch.Tensor, state: dict) -> int:
+        """state["step"] += 1, returned as an int. The step lives in a 0-d CPU float tensor (torch's layout); an
+        ATen add on it costs ~7 µs of host time per parameter, so it is bumped through a cached NumPy view of
+        the same memory (~1 µs). A replaced tensor (``load_state_dict``) gets a new view."""
+        st = state["step"]
+        cached = self._step_views.get(id(p))
+        if cached is None or cached[0] is not st:
+            if st.device.type != "cpu" or st.dtype not in (torch.float32, torch.float64) or st.requires_grad:
+                st += 1
+                return int(st.item())
+            cached = self._step_views[id(p)] = (st, st.numpy())
+        view = cached[1]
+        view += 1
+        return int(view)
+
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         loss = None
@@ -175,57 +186,49 @@ class AdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         bits = self._ensure_slots()
+        kernel_dev = bits.device.type if _triton_usable(bits.device) else None
         for group in self.param_groups:
             beta1, beta2 = (float(b) for b in group["betas"])
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             batches: dict[tuple, list] = {}
             for p in group["params"]:
-                if p.grad is None:
+                g = p.grad
+                if g is None:
                     continue
-                if p.grad.is_sparse:
+                if g.is_sparse:
                     raise RuntimeError("AdamW does not support sparse gradients")
                 state = self.state[p]
-                if len(state) == 0:
+                if not state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = int(state["step"].item())
+                t = self._bump_step(p, state)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                quad = (p, p.grad, m, v)
-                if (
-                    _triton_usable(p.device)
-                    and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
-                    and p.grad.dtype == p.dtype
-                    and m.dtype == v.dtype
-                    and p.device == bits.device
-                    and _kernel_ok(quad)
-                ):
-                    batches.setdefault((p.dtype, m.dtype, t), []).append(quad)
+                row = _kernel_row(p, g, m, v, kernel_dev) if kernel_dev is not None else None
+                if row is not None:
+                    batches.setdefault((p.dtype, m.dtype, t), []).append((p, m, v, row))
                     continue
                 amax = adamw_reference_(
-                    p, p.grad, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=t
+                    p, g, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=t
                 )
                 slot = self._slot(p)
                 bits[slot] = amax.to(bits.device).view(torch.int32)
                 self._versions[slot] = p._version
                 self.reference_params += 1
-            for (p_dtype, s_dtype, t), quads in batches.items():
-                self._launch(quads, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd)
+            for (p_dtype, s_dtype, t), items in batches.items():
+                self._launch(items, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd)
         return loss
 
-    def _launch(self, quads, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd) -> None:
+    def _launch(self, items, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd) -> None:
         from minite_kernels.backends.triton import adamw as K
 
-        bits = self._amax_bits
-        rows, counts, start = [], [], 0
-        slots = []
-        for p, g, m, v in quads:
-            n = p.numel()
-            programs = -(-n // K.BLOCK)
-            slot = self._slot(p)
+        bits, slots_of, block = self._amax_bits, self._slots, K.BLOCK
+        rows, counts, slots, start = [], [], [], 0
+        for p, _m, _v, (pp, gp, mp, vp, n) in items:
+            programs = -(-n // block)
+            slot = slots_of[id(p)]
             slots.append(slot)
-            rows.append([p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, start, slot, 0])
+            rows.append((pp, gp, mp, vp, n, start, slot, 0))
             counts.append(programs)
             start += programs
         dev = bits.device
@@ -233,17 +236,42 @@ class AdamW(torch.optim.AdamW):
         key = (dev, tuple(counts))
         pmap = self._pmaps.get(key)  # program -> row map: fixed while the batch's sizes are
         if pmap is None:
-            pmap = torch.repeat_interleave(torch.arange(len(quads), dtype=torch.int32), torch.tensor(counts))
+            pmap = torch.repeat_interleave(torch.arange(len(items), dtype=torch.int32), torch.tensor(counts))
             pmap = self._pmaps[key] = pmap.to(dev)
-        index = torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True)
-        bits.index_fill_(0, index, 0)
+        if len(slots) == len(slots_of):
+            bits.zero_()
+        else:
+            bits.index_fill_(0, torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True), 0)
         scalars = torch.tensor(
             [1 - lr * wd, 1 - beta1, beta2, 1 - beta2, -(lr / (1 - beta1**t)), math.sqrt(1 - beta2**t), eps],
             dtype=torch.float32,
         ).to(dev, non_blocking=True)
         K.launch_adamw_amax(table, pmap, bits, start, scalars, p_dtype, s_dtype)
         self.kernel_launches += 1
-        for (p, _g, m, v), slot in zip(quads, slots):
-            for x in (p, m, v):  # the kernel wrote through raw pointers: tell autograd and the weight caches
-                increment_version(x)
-            self._versions[slot] = p._version
+        # the kernel wrote through raw pointers: tell autograd and the weight caches (version counters)
+        increment_version([x for p, m, v, _row in items for x in (p, m, v)])
+        versions = self._versions
+        for (p, _m, _v, _row), slot in zip(items, slots):
+            versions[slot] = p._version
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _kernel_row(p, g, m, v, dev_type: str) -> tuple | None:
+    """(addresses of p, g, m, v, numel) if the grouped kernel takes this parameter: a float dtype shared with
+    its gradient, states of one float dtype, all four contiguous on the kernel device, 16-byte aligned."""
+    dt = p.dtype
+    if (
+        dt not in _FLOATS
+        or g.dtype != dt
+        or m.dtype != v.dtype
+        or m.dtype not in _FLOATS
+        or p.is_cuda != (dev_type == "cuda")
+        or not (p.is_contiguous() and g.is_contiguous() and m.is_contiguous() and v.is_contiguous())
+    ):
+        return None
+    ptrs = (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr())
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16:
+        return None
+    return (*ptrs, p.numel())

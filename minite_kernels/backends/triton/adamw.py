@@ -116,6 +116,7 @@ def launch_adamw_amax(table, pmap, amax_bits, programs: int, scalars, p_dtype, s
         BLOCK=BLOCK,
         RNE_INT=interpret_mode(),
         num_warps=WARPS,
+        enable_fp_fusion=False,  # no contraction of p·decay + Δ: the FMAs are the explicit ones
     )
 
 
