@@ -703,22 +703,52 @@ def bench_optim(args):
         ours.step()
         host.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
-    emit({"bench": "optim_adamw", "case": "ours_host", "host_ms": 1e3 * sorted(host)[5], "wall_ms": 1e3 * wall})
+    emit(
+        {"bench": "optim_adamw", "case": "ours_host", "host_ms": 1e3 * sorted(host)[5], "wall_ms": 1e3 * wall}
+    )
     if getattr(args, "optim_sweep", False):
         from minite_kernels.backends.triton import adamw as K
 
-        default = (K.BLOCK, K.WARPS)
-        for block in (1024, 2048, 4096, 8192):
-            for warps in (4, 8, 16):
-                if block // (32 * warps) < 4:
-                    continue
-                K.BLOCK, K.WARPS = block, warps
+        default = (K.BLOCK, K.WARPS, K.ITERS)
+        for block, warps in ((512, 4), (1024, 8), (2048, 16), (512, 8), (1024, 16), (4096, 8)):
+            for iters in (1, 4, 16):
+                K.BLOCK, K.WARPS, K.ITERS = block, warps, iters
                 ours._pmaps.clear()
                 ms = bench(ours.step, rep=60)
-                emit({"bench": "optim_sweep", "block": block, "warps": warps, "ms": ms,
-                      "frac_copy_bw": nparam * 14 / ms / 1e6 / copy_gbps})
-        K.BLOCK, K.WARPS = default
+                emit(
+                    {
+                        "bench": "optim_sweep",
+                        "block": block,
+                        "warps": warps,
+                        "iters": iters,
+                        "ms": ms,
+                        "frac_copy_bw": nparam * 14 / ms / 1e6 / copy_gbps,
+                    }
+                )
+        K.BLOCK, K.WARPS, K.ITERS = default
         ours._pmaps.clear()
+        from minite_kernels.backends.triton import quantize as Q
+
+        saved = dict(Q.BF16_CONFIG)
+        for nb in (16, 32, 64):
+            for warps in (2, 4, 8, 16):
+                Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps)
+                rq = WeightRequantizer(params, amax_from=ours)
+                rq.sync()
+                ms = bench(rq.sync, rep=100)
+                emit(
+                    {
+                        "bench": "sync_quant_sweep",
+                        "tile16_nb": nb,
+                        "warps": warps,
+                        "amax_given": rq.amax_given,
+                        "ms": ms,
+                        "frac_copy_bw": nparam * 2.5625 / ms / 1e6 / copy_gbps,
+                    }
+                )
+                del rq
+        Q.BF16_CONFIG.clear()
+        Q.BF16_CONFIG.update(saved)
     step_bytes = nparam * 2 * 7  # read p, g, m, v; write p, m, v (bf16)
     for case, ms in times.items():
         emit(

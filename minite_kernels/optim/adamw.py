@@ -222,10 +222,10 @@ class AdamW(torch.optim.AdamW):
     def _launch(self, items, p_dtype, s_dtype, t, lr, beta1, beta2, eps, wd) -> None:
         from minite_kernels.backends.triton import adamw as K
 
-        bits, slots_of, block = self._amax_bits, self._slots, K.BLOCK
+        bits, slots_of, span = self._amax_bits, self._slots, K.BLOCK * K.ITERS
         rows, counts, slots, start = [], [], [], 0
         for p, _m, _v, (pp, gp, mp, vp, n) in items:
-            programs = -(-n // block)
+            programs = -(-n // span)
             slot = slots_of[id(p)]
             slots.append(slot)
             rows.append((pp, gp, mp, vp, n, start, slot, 0))

@@ -17,7 +17,8 @@ The amax is an integer ``atomic_max`` on the fp32 bits of ``|θ|`` (non-negative
 bits; NaN's bits sort above +inf, so a NaN parameter poisons its amax as the reference's ``amax`` does).
 
 Table row per parameter (int64): param, grad, exp_avg, exp_avg_sq addresses (16-byte aligned, checked by
-the caller), numel, first program, amax slot; ``pmap[p]`` is program ``p``'s row.
+the caller), numel, first program, amax slot; ``pmap[p]`` is program ``p``'s row. A program updates
+``ITERS * BLOCK`` consecutive elements of one parameter.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import triton.language as tl
 from ._common import interpret_mode
 from .quantize_bf16 import _bf16_bits
 
-#: elements per program and warps (memory-bound: 16 elements per thread at 8 warps)
-BLOCK = 4096
+#: launch geometry: BLOCK elements per loop iteration (4 per thread at 8 warps: the IEEE division and square
+#: root sequences spill registers at 8+ elements per thread, 2-3x slower on the H200), ITERS iterations per program
+BLOCK = 1024
 WARPS = 8
+ITERS = 4
 ROW = 8  # int64 columns per table row
 
 
@@ -65,6 +68,7 @@ def _adamw_amax_kernel(
     P_DTYPE: tl.constexpr,
     S_DTYPE: tl.constexpr,
     BLOCK: tl.constexpr,
+    ITERS: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
     decay = tl.load(scal_ptr)
@@ -84,23 +88,26 @@ def _adamw_amax_kernel(
     n = tl.load(row + 4)
     local = (pid - tl.load(row + 5)).to(tl.int64)
     slot = tl.load(row + 6)
-    offs = local * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    p = p * decay
-    m = _fma(g - m, one_minus_beta1, m, RNE_INT)
-    v = _fma(g * one_minus_beta2, g, v * beta2, RNE_INT)
-    denom = tl.math.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    p = p + tl.math.div_rn(m * neg_step_size, denom)
-    p_out = _store_cast(p, P_DTYPE, RNE_INT)
-    tl.store(p_ptr + offs, p_out, mask=mask)
-    tl.store(m_ptr + offs, _store_cast(m, S_DTYPE, RNE_INT), mask=mask)
-    tl.store(v_ptr + offs, _store_cast(v, S_DTYPE, RNE_INT), mask=mask)
-    bits = tl.abs(p_out.to(tl.float32)).to(tl.int32, bitcast=True)
-    tl.atomic_max(amax_ptr + slot, tl.max(tl.where(mask, bits, 0), axis=0))
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for j in range(ITERS):  # ITERS consecutive blocks per program: the table is read once per program
+        offs = (local * ITERS + j) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        p = p * decay
+        m = _fma(g - m, one_minus_beta1, m, RNE_INT)
+        v = _fma(g * one_minus_beta2, g, v * beta2, RNE_INT)
+        denom = tl.math.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+        p = p + tl.math.div_rn(m * neg_step_size, denom)
+        p_out = _store_cast(p, P_DTYPE, RNE_INT)
+        tl.store(p_ptr + offs, p_out, mask=mask)
+        tl.store(m_ptr + offs, _store_cast(m, S_DTYPE, RNE_INT), mask=mask)
+        tl.store(v_ptr + offs, _store_cast(v, S_DTYPE, RNE_INT), mask=mask)
+        bits = tl.abs(p_out.to(tl.float32)).to(tl.int32, bitcast=True)
+        acc = tl.maximum(acc, tl.where(mask, bits, 0))
+    tl.atomic_max(amax_ptr + slot, tl.max(acc, axis=0))
 
 
 def launch_adamw_amax(table, pmap, amax_bits, programs: int, scalars, p_dtype, s_dtype) -> None:
@@ -114,6 +121,7 @@ def launch_adamw_amax(table, pmap, amax_bits, programs: int, scalars, p_dtype, s
         P_DTYPE=_TL[p_dtype],
         S_DTYPE=_TL[s_dtype],
         BLOCK=BLOCK,
+        ITERS=ITERS,
         RNE_INT=interpret_mode(),
         num_warps=WARPS,
         enable_fp_fusion=False,  # no contraction of p·decay + Δ: the FMAs are the explicit ones
