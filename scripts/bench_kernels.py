@@ -730,9 +730,9 @@ def bench_optim(args):
         from minite_kernels.backends.triton import quantize as Q
 
         saved = dict(Q.BF16_CONFIG)
-        for nb in (16, 32, 64):
-            for warps in (2, 4, 8, 16):
-                Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps)
+        for nb, warps in ((16, 4), (32, 4), (32, 8)):
+            for iters in (1, 2, 4, 8):
+                Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps, sync_iters=iters)
                 rq = WeightRequantizer(params, amax_from=ours)
                 rq.sync()
                 ms = bench(rq.sync, rep=100)
@@ -741,6 +741,7 @@ def bench_optim(args):
                         "bench": "sync_quant_sweep",
                         "tile16_nb": nb,
                         "warps": warps,
+                        "iters": iters,
                         "amax_given": rq.amax_given,
                         "ms": ms,
                         "frac_copy_bw": nparam * 2.5625 / ms / 1e6 / copy_gbps,
