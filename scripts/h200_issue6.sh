@@ -57,7 +57,7 @@ verify)  # the whole GPU suite on the defaults, the interleaved model step (+ pr
     ;;
 optim)  # the whole GPU suite, the optimizer's amax feeding weight sync, launch cost with address arguments
     step gpu_tests 260 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
-    step optim 150 python3 scripts/bench_kernels.py --only optim --out "$out/optim.jsonl"
+    step optim 150 python3 scripts/bench_kernels.py --only optim --optim-sweep --out "$out/optim.jsonl"
     step launch 110 python3 scripts/bench_launch_overhead.py --rounds 4
     ;;
 *)

@@ -166,18 +166,19 @@ class AdamW(torch.optim.AdamW):
     # --- the step --------------------------------------------------------------------------------
     def _bump_step(self, p: torch.Tensor, state: dict) -> int:
         """state["step"] += 1, returned as an int. The step lives in a 0-d CPU float tensor (torch's layout); an
-        ATen add on it costs ~7 µs of host time per parameter, so it is bumped through a cached NumPy view of
-        the same memory (~1 µs). A replaced tensor (``load_state_dict``) gets a new view."""
+        ATen add on it costs ~7 µs of host time per parameter, so it is read and written through a cached
+        1-element NumPy view of the same memory. A replaced tensor (``load_state_dict``) gets a new view."""
         st = state["step"]
         cached = self._step_views.get(id(p))
         if cached is None or cached[0] is not st:
             if st.device.type != "cpu" or st.dtype not in (torch.float32, torch.float64) or st.requires_grad:
                 st += 1
                 return int(st.item())
-            cached = self._step_views[id(p)] = (st, st.numpy())
+            cached = self._step_views[id(p)] = (st, st.view(1).numpy())
         view = cached[1]
-        view += 1
-        return int(view)
+        t = int(view[0]) + 1
+        view[0] = t
+        return t
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -264,8 +265,8 @@ def _kernel_row(p, g, m, v, dev_type: str) -> tuple | None:
     dt = p.dtype
     if (
         dt not in _FLOATS
-        or g.dtype != dt
-        or m.dtype != v.dtype
+        or g.dtype is not dt
+        or m.dtype is not v.dtype
         or m.dtype not in _FLOATS
         or p.is_cuda != (dev_type == "cuda")
         or not (p.is_contiguous() and g.is_contiguous() and m.is_contiguous() and v.is_contiguous())
