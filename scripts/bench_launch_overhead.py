@@ -9,10 +9,9 @@ microseconds per call of:
   backend         ``TritonBackend.quantize``: what the module calls (cache check, kernel, operand object)
   torch_add       ``x.add_(0)``: one ATen launch, for scale
 
-each with ``MINITE_TRITON_LAUNCH=cached`` (the default, ``launcher.py``), ``jit`` (``JITFunction.run``
-every call) and ``cached_tensor_args`` (cached, but passing tensors instead of their addresses, so Triton's
-launcher queries the driver per pointer), rotating over ``--rounds`` rounds (best per mode), then the cProfile
-top functions of the backend call.
+each with ``MINITE_TRITON_LAUNCH=cached`` (the default, ``launcher.py``) and ``jit`` (``JITFunction.run``
+every call), alternating over ``--rounds`` rounds (best per mode), then the cProfile top functions of the
+backend call.
 
     python scripts/bench_launch_overhead.py
 """
@@ -66,24 +65,13 @@ def main(argv=None) -> int:
         "backend": backend_call,
         "torch_add": lambda: x.add_(0),
     }
-    from minite_kernels.backends.triton import launcher as L
-
-    by_address = L.key_and_launch_args
-
-    def tensor_args(args):  # the cached launch as before 2026-11-29T16:00: tensors, not their addresses
-        keyed = by_address(args)
-        return None if keyed is None else (keyed[0], list(args))
-
     res: dict = {}
-    modes = ("cached", "jit", "cached_tensor_args")
     for r in range(args.rounds):
-        for mode in modes[r % 3 :] + modes[: r % 3]:
-            os.environ["MINITE_TRITON_LAUNCH"] = "jit" if mode == "jit" else "cached"
-            L.key_and_launch_args = tensor_args if mode == "cached_tensor_args" else by_address
+        for mode in ("cached", "jit") if r % 2 == 0 else ("jit", "cached"):
+            os.environ["MINITE_TRITON_LAUNCH"] = mode
             for name, fn in cases.items():
                 us = per_call_us(fn, n=1000, repeats=3)
                 res.setdefault(mode, {})[name] = min(us, res.get(mode, {}).get(name, float("inf")))
-    L.key_and_launch_args = by_address
     os.environ.pop("MINITE_TRITON_LAUNCH")
     res["jit_over_cached_us"] = {n: res["jit"][n] - res["cached"][n] for n in cases}
     prof = cProfile.Profile()

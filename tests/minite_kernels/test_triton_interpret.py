@@ -322,17 +322,10 @@ def test_magic_add_e2m1_rounding_matches_reference_table(tk):
 @pytest.fixture
 def small_tiles(quant_mod):
     """Small tiles, so that the tiny test weights span several tiles in both directions (exercises the
-    grouped kernels' flat tile enumeration) and the interpreter runs fast; two tiles per sync program (a row
-    band of 5 tiles ends with a program whose second tile is out of range)."""
+    grouped kernels' flat tile enumeration) and the interpreter runs fast."""
     old = dict(quant_mod.BF16_CONFIG)
     quant_mod.BF16_CONFIG.update(
-        amax_rows=16,
-        amax_block_m=8,
-        amax_block_w=32,
-        tile16_nb=4,
-        tensor_block_m=4,
-        tensor_nb=4,
-        sync_iters=2,
+        amax_rows=16, amax_block_m=8, amax_block_w=32, tile16_nb=4, tensor_block_m=4, tensor_nb=4
     )
     yield
     quant_mod.BF16_CONFIG.update(old)
@@ -384,3 +377,4 @@ def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
         _same((p.data, p.scales, p.amax), quantize_nvfp4(w, tile=(1, 16)))
     with pytest.raises(ValueError, match="chunk_bytes"):
         tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)
+

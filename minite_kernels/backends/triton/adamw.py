@@ -30,8 +30,9 @@ from ._common import interpret_mode
 from .quantize_bf16 import _bf16_bits
 
 #: launch geometry (H200 sweep, 1.41 B bf16 params: 5.6 ms, 89% of copy bandwidth): BLOCK elements per loop
-#: iteration at 4 per thread (8+ per thread spill the IEEE division and square-root sequences: 2-4x slower),
-#: ITERS iterations per program (the table lookups amortized: 7.5 ms at 1, 5.9 at 4, 5.6 at 16)
+#: iteration at 4 per thread (8 or more per thread measured 2-4x slower; register pressure of the IEEE
+#: division and square-root sequences is the likely cause, not profiled), ITERS iterations per program (the
+#: table lookups amortized: 7.5 ms at 1, 5.9 at 4, 5.6 at 16)
 BLOCK = 512
 WARPS = 4
 ITERS = 16

@@ -17,9 +17,6 @@ against Triton's ``native_specialize_impl``), so the cached kernel is the one ``
 Example: a [16, 2048] bf16 input at a 16-byte aligned address and one at an odd 4-byte offset get different
 keys (``D`` vs no alignment hint), hence different compiled kernels, exactly as in ``JITFunction.run``.
 
-Tensors are passed to the compiled kernel as their addresses (ints), which Triton's C launcher takes without
-the per-pointer driver query it makes for tensor objects (:func:`key_and_launch_args`).
-
 Only positional tensors and ints are keyed; any other argument type, launch hooks (a profiler such as
 proton), pre-run hooks or a Triton release other than the verified ones send the call through
 ``JITFunction.run`` unchanged. ``MINITE_TRITON_LAUNCH=jit`` turns the cache off. Like any compiled-kernel
@@ -52,28 +49,15 @@ def triton_version_ok(version: str | None = None) -> bool:
 def args_key(args: tuple) -> tuple | None:
     """What Triton specializes the runtime arguments on, flattened (a dtype starts a tensor's entry, so the
     flat tuple parses one way), or None if an argument has a type this launcher does not key."""
-    keyed = key_and_launch_args(args)
-    return None if keyed is None else keyed[0]
-
-
-def key_and_launch_args(args: tuple) -> tuple[tuple, list] | None:
-    """(:func:`args_key`, the arguments with each tensor replaced by its address). Triton's C launcher takes
-    an int pointer as is; for a tensor it calls ``data_ptr()`` and asks the driver whether the address is
-    device memory (``cuPointerGetAttribute``), once per pointer per launch. The callers pass CUDA tensors
-    (their kernels run only on kernel devices), so that check cannot fail here and is skipped."""
     key = []
-    launch = []
     for a in args:
         if type(a) is int:
             key += (a == 1, a % 16 == 0, -_I32 <= a < _I32, a < _U63)
-            launch.append(a)
         elif isinstance(a, torch.Tensor):
-            p = a.data_ptr()
-            key += (a.dtype, p % 16 == 0)
-            launch.append(p if a.is_cuda else a)  # anything else keeps the driver's check (and its error)
+            key += (a.dtype, a.data_ptr() % 16 == 0)
         else:
             return None
-    return tuple(key), launch
+    return tuple(key)
 
 
 def arg_key(a) -> tuple | None:
@@ -116,8 +100,7 @@ class CachedLauncher:
             and not self.fn.pre_run_hooks
             and _hooks_idle(self._runtime)
         ):
-            keyed = self._key_and_launch_args(args, kw)
-            key = None if keyed is None else keyed[0]
+            key = self._key(args, kw)
             hit = self._cache.get(key) if key is not None else None
             if hit is not None:
                 kernel, tail = hit
@@ -134,7 +117,7 @@ class CachedLauncher:
                     None,
                     None,
                     None,
-                    *keyed[1],
+                    *args,
                     *tail,
                 )
                 self.direct_launches += 1
@@ -148,19 +131,15 @@ class CachedLauncher:
         self.jit_launches += 1
 
     def _key(self, args: tuple, kw: dict) -> tuple | None:
-        keyed = self._key_and_launch_args(args, kw)
-        return None if keyed is None else keyed[0]
-
-    def _key_and_launch_args(self, args: tuple, kw: dict) -> tuple[tuple, list] | None:
         if self._device is None:
             from triton.runtime.driver import driver
 
             self._device = driver.active.get_current_device
             self._stream = driver.active.get_current_stream
-        keyed = key_and_launch_args(args)
-        if keyed is None:
+        spec = args_key(args)
+        if spec is None:
             return None
-        return (self._device(), tuple(kw.items()), keyed[0]), keyed[1]
+        return (self._device(), tuple(kw.items()), spec)
 
     def jit_choice(self, device: int, args: tuple, kw: dict):
         """The compiled kernel ``JITFunction.run`` would launch for these arguments (None if not compiled)."""

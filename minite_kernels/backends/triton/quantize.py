@@ -493,7 +493,6 @@ BF16_CONFIG: dict[str, int] = {
     "tensor_warps": 4,
     "tile16_nb": 32,  # per-tensor 16x16: 16 rows x tile16_nb blocks per program
     "tile16_warps": 8,  # H200 sweep: 0.118 ms vs 0.134 ms with 4 warps
-    "sync_iters": 1,  # grouped weight sync: tiles per quantize program (one row band, consecutive tiles)
     "amax_rows": 32,  # amax pass: amax_rows x amax_block_w words per program, amax_block_m rows at a time
     "amax_block_m": 8,
     "amax_block_w": 512,

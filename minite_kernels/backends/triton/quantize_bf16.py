@@ -600,13 +600,11 @@ def _grouped_quant_kernel(
     BLOCK_M: tl.constexpr,
     NB: tl.constexpr,
     TILE16: tl.constexpr,
-    ITERS: tl.constexpr,
     WRITE_QS: tl.constexpr,
     WRITE_DEQ: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
-    """Program p: quantize ITERS consecutive tiles of one row band of weight ``g = qmap[p]`` (per-tensor amax
-    in scratch[g]); table column 14 holds the programs per row band, ``cdiv(tiles_w, ITERS)``."""
+    """Program p: quantize tile ``p - start[g]`` of weight ``g = qmap[p]`` (per-tensor amax in scratch[g])."""
     pid = tl.program_id(0)
     g = tl.load(qmap_ptr + pid)
     row = tab_ptr + g * 16
@@ -615,33 +613,27 @@ def _grouped_quant_kernel(
     stride_w = (tl.load(row + 9).to(tl.int32) // 4) * 4
     tiles_w = tl.load(row + 10).to(tl.int32)
     local = pid - tl.load(row + 11).to(tl.int32)
-    per_band = tl.load(row + 14).to(tl.int32)
-    abits = tl.load(scratch_ptr + g)
-    band = local // per_band
-    first = (local % per_band) * ITERS
-    for j in range(ITERS):
-        if first + j < tiles_w:
-            _tensor_tile_bf16(
-                _tab_ptr(row, 0, tl.int32),
-                _tab_ptr(row, 1, tl.int32),
-                _tab_ptr(row, 2, tl.uint8),
-                _tab_ptr(row, 3, tl.int32),
-                _tab_ptr(row, 4, tl.int32),
-                _tab_ptr(row, 5, tl.float32),
-                _tab_ptr(row, 6, tl.int8),
-                scratch_ptr,
-                abits,
-                band,
-                first + j,
-                M,
-                KW,
-                stride_w,
-                BLOCK_M,
-                NB,
-                TILE16,
-                False,
-                True,
-                WRITE_QS,
-                WRITE_DEQ,
-                RNE_INT,
-            )
+    _tensor_tile_bf16(
+        _tab_ptr(row, 0, tl.int32),
+        _tab_ptr(row, 1, tl.int32),
+        _tab_ptr(row, 2, tl.uint8),
+        _tab_ptr(row, 3, tl.int32),
+        _tab_ptr(row, 4, tl.int32),
+        _tab_ptr(row, 5, tl.float32),
+        _tab_ptr(row, 6, tl.int8),
+        scratch_ptr,
+        tl.load(scratch_ptr + g),
+        local // tiles_w,
+        local % tiles_w,
+        M,
+        KW,
+        stride_w,
+        BLOCK_M,
+        NB,
+        TILE16,
+        False,
+        True,
+        WRITE_QS,
+        WRITE_DEQ,
+        RNE_INT,
+    )

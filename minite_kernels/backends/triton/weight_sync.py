@@ -182,7 +182,6 @@ class WeightRequantizer:
         a_rows, a_w = cfg["amax_rows"], cfg["amax_block_w"]
         q_bm = 16 if self.tile16 else cfg["tensor_block_m"]
         q_nb = cfg["tile16_nb"] if self.tile16 else cfg["tensor_nb"]
-        q_iters = cfg["sync_iters"]
         first = 0
         for chunk in chunks:
             rows, a_counts, q_counts = [], [], []
@@ -193,8 +192,7 @@ class WeightRequantizer:
                 m, k = w.shape
                 kw = k // 2
                 a_tw, q_tw = triton.cdiv(kw, a_w), triton.cdiv(kw // 8, q_nb)
-                q_pw = triton.cdiv(q_tw, q_iters)  # programs per row band: q_iters tiles each
-                a_n, q_n = triton.cdiv(m, a_rows) * a_tw, triton.cdiv(m, q_bm) * q_pw
+                a_n, q_n = triton.cdiv(m, a_rows) * a_tw, triton.cdiv(m, q_bm) * q_tw
                 rows.append(
                     [
                         w.data_ptr(),
@@ -211,7 +209,7 @@ class WeightRequantizer:
                         q_start,
                         a_tw,
                         a_start,
-                        q_pw,
+                        0,
                         0,
                     ]
                 )
@@ -275,7 +273,6 @@ class WeightRequantizer:
                 BLOCK_M=16 if self.tile16 else cfg["tensor_block_m"],
                 NB=cfg["tile16_nb"] if self.tile16 else cfg["tensor_nb"],
                 TILE16=self.tile16,
-                ITERS=cfg["sync_iters"],
                 WRITE_QS=self.write_qs,
                 WRITE_DEQ=self.write_deq,
                 RNE_INT=interpret_mode(),
