@@ -730,7 +730,7 @@ def bench_optim(args):
         from minite_kernels.backends.triton import quantize as Q
 
         saved = dict(Q.BF16_CONFIG)
-        for nb, warps in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 8)):
+        for nb, warps in ((2, 1), (4, 1), (8, 1), (4, 2), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)):
             Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps)
             rq = WeightRequantizer(params, amax_from=ours)
             rq.sync()
