@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 QWEN3_TOKENIZER_DIR = REPO_ROOT / "tests" / "assets" / "qwen3_tokenizer"
@@ -56,5 +57,25 @@ def run_interpreted():
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert " passed" in proc.stdout, proc.stdout[-2000:]
         return proc.stdout
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_interp_tests(run_interpreted):
+    """``run(path, passed=N)``: run the file's ``interp_`` tests under the interpreter (see
+    :func:`run_interpreted`) and require N passed, none skipped. Skips where that run would add nothing:
+    no Triton, a CUDA machine (the compiled kernels' ``gpu`` tests cover it), or already inside that run."""
+
+    def run(path: str, passed: int) -> str:
+        pytest.importorskip("triton", reason="triton is not installed")
+        if torch.cuda.is_available():  # pragma: no cover - the gpu-marked tests run the compiled kernels
+            pytest.skip("CUDA present: the gpu-marked tests run the compiled kernels")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            pytest.skip("already inside the interpreter run")
+        out = run_interpreted(path, "-k", "interp_")
+        last = out.splitlines()[-1]
+        assert f"{passed} passed" in last and "skipped" not in last, last
+        return out
 
     return run

@@ -182,14 +182,8 @@ def test_invalid_lane_mode_names_the_choices(monkeypatch):
 
 
 # --- Triton's CPU interpreter -----------------------------------------------------------------------------------
-def test_fast_lane_under_interpreter_in_subprocess(run_interpreted):
-    pytest.importorskip("triton", reason="triton is not installed")
-    if torch.cuda.is_available():  # pragma: no cover - the GPU tests below run the compiled kernels
-        pytest.skip("CUDA present: the gpu-marked tests cover the lane")
-    if _IN_INTERPRETER:
-        pytest.skip("already inside the interpreter run")
-    out = run_interpreted(__file__, "-k", "interp_")
-    assert "4 passed" in out.splitlines()[-1]
+def test_fast_lane_under_interpreter_in_subprocess(run_interp_tests):
+    run_interp_tests(__file__, passed=4)
 
 
 @_interp_only

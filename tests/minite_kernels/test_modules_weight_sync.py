@@ -74,14 +74,8 @@ def _sync_matches_own_requantization(device, backend, cuda_graph):
         assert all(own[n]._weight_cache.misses > 0 for n in ("q", "k", "o"))
 
 
-def test_weight_sync_under_interpreter_in_subprocess(run_interpreted):
-    pytest.importorskip("triton", reason="triton is not installed")
-    if torch.cuda.is_available():  # pragma: no cover - the GPU test below runs the compiled kernels
-        pytest.skip("CUDA present: the gpu-marked test covers it")
-    if _IN_INTERPRETER:
-        pytest.skip("already inside the interpreter run")
-    out = run_interpreted(__file__, "-k", "interp_")
-    assert "1 passed" in out.splitlines()[-1]
+def test_weight_sync_under_interpreter_in_subprocess(run_interp_tests):
+    run_interp_tests(__file__, passed=1)
 
 
 @_interp_only

@@ -191,14 +191,8 @@ def _requantizer_with_optimizer_amax(device, cuda_graph):
         tk.WeightRequantizer(ws, grouped=False, amax_from=opt)
 
 
-def test_kernels_under_interpreter_in_subprocess(run_interpreted):
-    pytest.importorskip("triton", reason="triton is not installed")
-    if torch.cuda.is_available():  # pragma: no cover - the GPU tests below run the compiled kernels
-        pytest.skip("CUDA present: the gpu-marked tests cover the kernel")
-    if _IN_INTERPRETER:
-        pytest.skip("already inside the interpreter run")
-    out = run_interpreted(__file__, "-k", "interp_")
-    assert "2 passed" in out.splitlines()[-1]
+def test_kernels_under_interpreter_in_subprocess(run_interp_tests):
+    run_interp_tests(__file__, passed=2)
 
 
 @_interp_only
