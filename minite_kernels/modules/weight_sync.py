@@ -57,7 +57,13 @@ class ModelWeightSync:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, *, cuda_graph: bool = True) -> None:
-        from minite_kernels.backends.triton import WeightRequantizer
+        try:
+            from minite_kernels.backends.triton import WeightRequantizer
+        except ImportError as e:
+            raise ImportError(
+                f"ModelWeightSync runs the Triton kernels, and Triton does not import here ({e}); install the "
+                "'gpu' extra on a CUDA machine. Without it, modules re-quantize their weights on their next forward."
+            ) from e
 
         self.skipped: list[tuple[str, str]] = []
         by_weight: dict[int, tuple[torch.Tensor, list]] = {}

@@ -71,17 +71,18 @@ def adamw_reference_(
 
 
 def _triton_usable(device: torch.device) -> bool:
-    if device.type == "cpu":
-        from minite_kernels.backends.triton._common import interpret_mode
-
-        if not interpret_mode():
-            return False
-    elif device.type != "cuda":
+    """The grouped kernel can run for tensors on ``device``: CUDA with Triton importable, or CPU under Triton's
+    interpreter (``TRITON_INTERPRET=1``, tests). Never imports the Triton backend on machines without Triton."""
+    if device.type not in ("cuda", "cpu"):
         return False
     try:
         import triton  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure means no Triton here
         return False
+    if device.type == "cpu":
+        from minite_kernels.backends.triton._common import interpret_mode
+
+        return interpret_mode()
     return True
 
 
@@ -159,9 +160,7 @@ class AdamW(torch.optim.AdamW):
         counter is the one recorded then), so its recorded amax is exact."""
         self._ensure_slots()
         versions, slots = self._versions, self._slots
-        return all(versions[slots[id(p)]] == p._version for p in params if id(p) in slots) and all(
-            id(p) in slots for p in params
-        )
+        return all(id(p) in slots and versions[slots[id(p)]] == p._version for p in params)
 
     # --- the step --------------------------------------------------------------------------------
     def _bump_step(self, p: torch.Tensor, state: dict) -> int:
