@@ -57,7 +57,9 @@ class WeightRequantizer:
     the same launch; ``quantized`` holds one :class:`TritonNVFP4Tensor` per weight (same objects every step).
     ``grouped`` (default True; byte-identical to the per-weight sequence, GPU-verified on the H200) runs all
     weights in two launches; ``grouped=False`` is the per-weight sequence (A/B timing). ``chunk_bytes``
-    (grouped only) bounds the weight bytes per amax+quantize launch pair.
+    (grouped only) bounds the weight bytes per amax+quantize launch pair. ``amax_from`` (grouped only): an
+    optimizer that records each weight's amax (``minite_kernels.optim.AdamW``); its amaxes replace the amax
+    pass while they are current.
     """
 
     def __init__(
