@@ -16,7 +16,7 @@ would produce (the same kernels), so outputs do not change.
 Example::
 
     sync = ModelWeightSync(model, optimizer)
-    ...; optimizer.step(); sync.sync()   # -> {"perf/requantized_weights": 196.0, ...}
+    ...; optimizer.step(); sync.sync()   # -> {"perf/grouped_sync_weights": 196.0, ...}
 """
 
 from __future__ import annotations
@@ -105,6 +105,6 @@ class ModelWeightSync:
                 for m in mods:
                     m.set_quantized_weight(q)
         return {
-            "perf/requantized_weights": float(self.num_weights),
+            "perf/grouped_sync_weights": float(self.num_weights),
             "perf/sync_amax_from_optimizer": float(given),
         }

@@ -64,7 +64,7 @@ def _sync_matches_own_requantization(device, backend, cuda_graph):
             layers
         )  # fresh weight caches: each module quantizes its own weight on the forward
         metrics = sync.sync()
-        assert metrics == {"perf/requantized_weights": 3.0, "perf/sync_amax_from_optimizer": 3.0}
+        assert metrics == {"perf/grouped_sync_weights": 3.0, "perf/sync_amax_from_optimizer": 3.0}
         misses = {n: layers[n]._weight_cache.misses for n in ("q", "k", "o")}
         with torch.no_grad():
             ours, theirs = _forward(layers, x), _forward(own, x)
@@ -93,7 +93,7 @@ def test_emulated_backend_modules_are_skipped_with_the_reason():
         {"q": Linear(32, 16, qlinear_params=LANE, backend="emulated", dtype=torch.bfloat16)}
     )
     sync = ModelWeightSync(layers)
-    assert sync.num_weights == 0 and sync.sync()["perf/requantized_weights"] == 0.0
+    assert sync.num_weights == 0 and sync.sync()["perf/grouped_sync_weights"] == 0.0
     ((name, why),) = sync.skipped
     assert name == "q" and ("Triton" in why or "CUDA device" in why)
 

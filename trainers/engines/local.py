@@ -58,18 +58,17 @@ def choose_cpu_threads(requested: int | None, device: torch.device) -> int:
     return torch.get_num_threads()
 
 
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means no Triton here
-        return False
-    return True
+def _triton_kernels_ok(device: torch.device) -> bool:
+    """minite_kernels' Triton backend runs on ``device`` (its own availability check: CUDA, sm_80+, Triton)."""
+    from minite_kernels.backends import backend_status
+
+    return device.type == "cuda" and backend_status("triton", device)[0]
 
 
-def _optim_impl(impl: str, device: torch.device) -> str:
+def _optim_impl(impl: str, triton_ok: bool) -> str:
     """optim.impl resolved: "auto" is minite_kernels' AdamW where its fused kernel runs (CUDA with Triton)."""
     if impl == "auto":
-        return "minite" if device.type == "cuda" and _triton_importable() else "torch"
+        return "minite" if triton_ok else "torch"
     return impl
 
 
@@ -198,7 +197,8 @@ class LocalTrainer:
         self._prompt_cache: dict[int, list[int]] = {}
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        self.optim_impl = _optim_impl(o.impl, self.device)
+        self._triton_ok = _triton_kernels_ok(self.device)
+        self.optim_impl = _optim_impl(o.impl, self._triton_ok)
         opt_cls = torch.optim.AdamW
         if self.optim_impl == "minite":
             from minite_kernels.optim import AdamW as opt_cls
@@ -359,13 +359,12 @@ class LocalTrainer:
         if not self.precision.get("patched"):
             return {}
         metrics: dict[str, float] = {}
-        if self.device.type == "cuda" and _triton_importable():
+        if self._triton_ok:
             if self._grouped_sync is None:
                 from minite_kernels.modules.weight_sync import ModelWeightSync
 
                 self._grouped_sync = ModelWeightSync(self.model, self.optimizer)
             metrics = self._grouped_sync.sync()
-            metrics["perf/grouped_sync_weights"] = metrics.pop("perf/requantized_weights")
         before = _weight_cache_misses(self.model)
         with torch.no_grad():
             self.model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)

@@ -229,7 +229,7 @@ class WeightRequantizer:
 
     def _bind_amax(self) -> None:
         """Index the grouped weights' slots in the optimizer's amax buffer (``optim.AdamW.amax_slots``)."""
-        grouped = [self.weights[i] for i in self._grouped_idx]
+        grouped = self._grouped_weights = [self.weights[i] for i in self._grouped_idx]
         try:
             self._amax_src = self._amax_from.amax_slots(grouped) if grouped else None
         except ValueError as e:
@@ -246,7 +246,7 @@ class WeightRequantizer:
         if src[0] is not self._amax_from.amax_buffer():
             self._bind_amax()
             self._graphs.clear()
-        return self._amax_from.amax_current([self.weights[i] for i in self._grouped_idx])
+        return self._amax_from.amax_current(self._grouped_weights)
 
     def _run_grouped(self, amax_given: bool = False) -> None:
         from .quantize_bf16 import _grouped_amax_kernel, _grouped_quant_kernel
