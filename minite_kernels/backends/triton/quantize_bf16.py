@@ -13,7 +13,8 @@ except for the per-token row amax:
 How (measured on the H200, ``benchmarks/RESULTS.md``; the first formulation, one uint8 store per word and
 every word reduced twice, reached 34% of copy bandwidth per token and is in git history):
 
-- tiles are 3-D ``[BLOCK_M, NB, 4]`` and loaded twice per block (words 0..3 and 4..7), each a 16-byte
+- tiles are 3-D, block-major ``[NB, BLOCK_M, 4]`` (so the lanes of a warp run along a row's blocks) and
+  loaded twice per block (words 0..3 and 4..7), each a 16-byte
   vector, so a thread owns whole 16-element blocks: the block max is a register-only ``max`` over the last
   axis, the broadcast of the block scale ``enc[:, :, None]`` is free, nothing goes through shared memory;
 - the 8 code bytes of a block are OR-ed into two int32 (``byte << 8i``, disjoint bit fields) and stored
@@ -142,11 +143,16 @@ def _block_scale(vmax, s_enc, s_dec):
 
 @triton.jit
 def _load_halves(p, rows, blks, M, NBK, stride):
-    """Words 0..3 and 4..7 of blocks ``blks`` of rows ``rows``: two [BM, NB, 4] tiles whose last axis is
-    contiguous (one 16-byte vector per thread each), so every thread owns whole 16-element blocks."""
+    """Words 0..3 and 4..7 of blocks ``blks`` of rows ``rows``: two block-major [NB, BM, 4] tiles whose last
+    axis is contiguous (one 16-byte vector per thread each), so every thread owns whole 16-element blocks.
+
+    Block-major, not row-major: Triton's coalescing orders the axes that are not contiguous by their index,
+    so the first one gets the lanes. With the blocks first, a warp's load covers consecutive blocks of one
+    row (8 cache lines per 16-byte load); with the rows first it went down 16 rows (16 lines), which capped
+    the weight-sync pass at 75% of copy bandwidth even with a trivial encode (benchmarks/RESULTS.md)."""
     j = tl.arange(0, 4)
-    off = rows[:, None, None] * stride + blks[None, :, None] * 8 + j[None, None, :]
-    mask = (rows[:, None, None] < M) & (blks[None, :, None] < NBK)
+    off = blks[:, None, None] * 8 + rows[None, :, None] * stride + j[None, None, :]
+    mask = (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
     lo = tl.load(p + off, mask=mask, other=0)
     hi = tl.load(p + off + 4, mask=mask, other=0)
     return lo, hi
@@ -237,8 +243,8 @@ def _quant_blocks(
     WRITE_DEQ: tl.constexpr,
     RNE_INT: tl.constexpr,
 ):
-    """Encode and store the two halves given per-block (s_b, enc, f) [BM, NB]; ``bad2``/``bad3``
-    (broadcastable to [BM, NB] / [BM, NB, 4]) mark poisoned scaling domains: codes 0, qs 0, deq NaN there."""
+    """Encode and store the two halves given per-block (s_b, enc, f) [NB, BM]; ``bad2``/``bad3``
+    (broadcastable to [NB, BM] / [NB, BM, 4]) mark poisoned scaling domains: codes 0, qs 0, deq NaN there."""
     p_lo, q_lo, d_lo = _encode_half(
         lo,
         rb_lo,
@@ -263,18 +269,18 @@ def _quant_blocks(
         WRITE_DEQ,
         RNE_INT,
     )
-    bmask = (rows[:, None] < M) & (blks[None, :] < NBK)
+    bmask = (blks[:, None] < NBK) & (rows[None, :] < M)
     if WRITE_PACKED:
         # 8 code bytes of a block -> one 8-byte store (data viewed as int32, 2 per block)
         pk = tl.join(tl.where(bad2, 0, p_lo), tl.where(bad2, 0, p_hi))
         two = tl.arange(0, 2)
         tl.store(
-            data_ptr + rows[:, None, None] * (NBK * 2) + blks[None, :, None] * 2 + two[None, None, :],
+            data_ptr + blks[:, None, None] * 2 + rows[None, :, None] * (NBK * 2) + two[None, None, :],
             pk,
             mask=bmask[:, :, None],
         )
     j = tl.arange(0, 4)
-    off = rows[:, None, None] * (NBK * 8) + blks[None, :, None] * 8 + j[None, None, :]
+    off = blks[:, None, None] * 8 + rows[None, :, None] * (NBK * 8) + j[None, None, :]
     if WRITE_QS:
         tl.store(qs_ptr + off, tl.where(bad3, 0, q_lo), mask=bmask[:, :, None])
         tl.store(qs_ptr + off + 4, tl.where(bad3, 0, q_hi), mask=bmask[:, :, None])
@@ -319,18 +325,18 @@ def _quant_token_kernel_bf16(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blks = tl.arange(0, NB)
     lo, hi = _load_halves(xw_ptr, rows, blks, M, NBK, stride_w)
-    vmax = tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 2, _max_nan)  # [BM, NB]
-    amax = tl.reduce(vmax, 1, _max_nan)  # [BM], from the block maxima (no second pass over the words)
+    vmax = tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 2, _max_nan)  # [NB, BM]
+    amax = tl.reduce(vmax, 0, _max_nan)  # [BM], from the block maxima (no second pass over the words)
     bad = ~(amax < float("inf"))  # inf or NaN in the row
     tl.store(amax_ptr + rows, tl.where(bad, float("nan"), amax), mask=rows < M)
     tl.store(nonfinite_ptr + rows, bad, mask=rows < M)
     amax = tl.where(bad, 0.0, amax)
-    vmax = tl.where(bad[:, None], 0.0, vmax)
+    vmax = tl.where(bad[None, :], 0.0, vmax)
     s_enc, s_dec = _encode_scale(amax)
-    s_b, sbyte, enc = _block_scale(vmax, s_enc[:, None], s_dec[:, None])
+    s_b, sbyte, enc = _block_scale(vmax, s_enc[None, :], s_dec[None, :])
     f = s_b
     if WRITE_DEQ:
-        f = (s_b * amax[:, None]) * INV_2688
+        f = (s_b * amax[None, :]) * INV_2688
     rb_lo, rb_hi = _load_rbits(rb_ptr, rows, blks, M, NBK, SR)
     _quant_blocks(
         lo,
@@ -340,8 +346,8 @@ def _quant_token_kernel_bf16(
         s_b,
         enc,
         f,
-        bad[:, None],
-        bad[:, None, None],
+        bad[None, :],
+        bad[None, :, None],
         data_ptr,
         scales_ptr,
         qs_ptr,
@@ -358,9 +364,9 @@ def _quant_token_kernel_bf16(
     )
     if WRITE_PACKED:
         tl.store(
-            scales_ptr + rows[:, None] * NBK + blks[None, :],
-            tl.where(bad[:, None], 0x7F, sbyte).to(tl.uint8),
-            mask=(rows[:, None] < M) & (blks[None, :] < NBK),
+            scales_ptr + blks[:, None] + rows[None, :] * NBK,
+            tl.where(bad[None, :], 0x7F, sbyte).to(tl.uint8),
+            mask=(blks[:, None] < NBK) & (rows[None, :] < M),
         )
 
 
@@ -445,13 +451,13 @@ def _tensor_tile_bf16(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     blks = pid_w * NB + tl.arange(0, NB)
     lo, hi = _load_halves(xw_ptr, rows, blks, M, NBK, stride_w)
-    vmax = tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 2, _max_nan)  # [BM, NB]
+    vmax = tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 2, _max_nan)  # [NB, BM]
     if TILE16:  # BLOCK_M == 16: the 16x16 tile max is a max over the rows; scales computed once per tile
-        vt = tl.where(bad, 0.0, tl.reduce(vmax, 0, _max_nan))  # [NB]
+        vt = tl.where(bad, 0.0, tl.reduce(vmax, 1, _max_nan))  # [NB]
         sb1, sbyte1, enc1 = _block_scale(vt, s_enc, s_dec)
-        s_b = tl.broadcast_to(sb1[None, :], [BLOCK_M, NB])
-        sbyte = tl.broadcast_to(sbyte1[None, :], [BLOCK_M, NB])
-        enc = tl.broadcast_to(enc1[None, :], [BLOCK_M, NB])
+        s_b = tl.broadcast_to(sb1[:, None], [NB, BLOCK_M])
+        sbyte = tl.broadcast_to(sbyte1[:, None], [NB, BLOCK_M])
+        enc = tl.broadcast_to(enc1[:, None], [NB, BLOCK_M])
     else:
         s_b, sbyte, enc = _block_scale(tl.where(bad, 0.0, vmax), s_enc, s_dec)
     f = s_b
@@ -484,9 +490,9 @@ def _tensor_tile_bf16(
     )
     if WRITE_PACKED:
         tl.store(
-            scales_ptr + rows[:, None] * NBK + blks[None, :],
+            scales_ptr + blks[:, None] + rows[None, :] * NBK,
             tl.where(bad, 0x7F, sbyte).to(tl.uint8),
-            mask=(rows[:, None] < M) & (blks[None, :] < NBK),
+            mask=(blks[:, None] < NBK) & (rows[None, :] < M),
         )
 
 
