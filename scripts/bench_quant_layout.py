@@ -1,24 +1,28 @@
-"""Why the weight-sync quantize pass reaches only ~60% of copy bandwidth: memory layout vs encode (issue #6).
+"""Memory layout vs encode in the BF16 NVFP4 quantize kernels (issue #6): why the weight-sync pass sat at ~60%.
 
-The library's BF16 kernels (``quantize_bf16.py``) give every thread whole 16-element blocks, loaded as two
-16-byte vectors per block ("lo/hi": words 0..3 and 4..7). The two loads of a warp each touch every 32-byte
-sector of its span but use half of it, so each sector is requested twice. This script times, in one
-process on the same weights, with the optimizer-given amax (the sync's quantize pass alone):
+The BF16 kernels (``quantize_bf16.py``) give every thread whole 16-element blocks, loaded as two 16-byte
+vectors per block ("lo/hi": words 0..3 and 4..7). Until this script, their tiles were row-major
+``[rows, NB blocks, 4 words]``. Triton's coalescing pass orders the axes that are not contiguous by their
+index, so the lanes of a warp ran down the rows: a warp's 16-byte load touched 16 cache lines instead of 8.
+The tiles are now block-major ``[NB, rows, 4]``. This script times, in one process, with the optimizer-given
+amax (the sync's quantize pass alone), over (a) the 196 linears of a Qwen3-1.7B-shaped model and (b) one
+8192x8192 weight:
 
-  base         the library's grouped 16x16 quantize kernel (``_grouped_quant_kernel``). Its tile is
-               [16 rows, NB blocks, 4 words]; Triton's coalescing pass orders equally contiguous axes by
-               index, so the lanes of a warp run down the 16 rows (a warp's 16-byte load touches 16
-               cache lines instead of 8)
-  roof_base    the same loads and stores with a trivial encode (what the memory pattern alone allows)
-  t_lohi       the same encode on a block-major tile [NB, 16, 4]: lanes run along the blocks of a row
-  t_pair       "pair-lane" tile [2, NB, 16, 4]: a block's two halves sit in adjacent lanes, so a warp's
-               16-byte loads are one contiguous 512-byte span and each lane stores one 4-byte code word
-  roof_t_*     the t_ layouts with a trivial encode
+  library_nb*_w*    the library's grouped 16x16 kernel (``_grouped_quant_kernel``) at NB blocks x num_warps
+                    (bytes compared with the default launch)
+  roof_rowmajor     the old row-major lo/hi loads and stores with a trivial encode: what that memory pattern
+                    allows at best
+  roof_blockmajor   the same for the block-major tiles
+  pair / roof_pair  a "pair-lane" tile [2, NB, 16, 4]: a block's two halves in adjacent lanes, so a warp's
+                    16-byte loads are one contiguous 512-byte span and each lane stores one 4-byte code word
+                    (real encode, bytes compared; and trivial encode)
 
-for (a) the 196 linears of a Qwen3-1.7B-shaped model and (b) one 8192x8192 weight, and prints one JSON line
-per case (ms, fraction of the copy bandwidth on the useful bytes 2.5625 B/param, bytes equal to ``base``).
+and (``--only token``) the per-token kernel on 8192x8192 at several launch sizes against its roofline (the same
+loads, the row reduction, a trivial encode). One JSON line per case: ms, fraction of the copy bandwidth on the
+useful bytes, bytes equal to the library's default. CUDA-graph replay, so no host launch cost is included.
 
-    python scripts/bench_quant_layout.py [--interpret-check]
+    python scripts/bench_quant_layout.py [--only sync,token]
+    TRITON_INTERPRET=1 python scripts/bench_quant_layout.py --interpret-check   # bytes only, tiny shapes
 """
 
 from __future__ import annotations
@@ -62,17 +66,18 @@ def _pair_encode(w, enc4, AXIS: tl.constexpr):
     xo = (w & -65536).to(tl.float32, bitcast=True)
     ye = xe * enc4
     yo = xo * enc4
-    te, ce, pe = _rn_parts(tl.minimum(tl.abs(ye), 6.0), ye, True)
-    to, co, po = _rn_parts(tl.minimum(tl.abs(yo), 6.0), yo, True)
+    te, _ce, _pe = _rn_parts(tl.minimum(tl.abs(ye), 6.0), ye, True)
+    to, _co, _po = _rn_parts(tl.minimum(tl.abs(yo), 6.0), yo, True)
     byte = te.to(tl.int32, bitcast=True) + to.to(tl.int32, bitcast=True) * 16
     sh = tl.arange(0, 4) * 8
     return tl.reduce(byte << sh, AXIS, _add) - PACK_K
 
 
 @triton.jit
-def _lohi_roof_kernel(tab_ptr, qmap_ptr, scratch_ptr, NB: tl.constexpr):
-    """Trivial encode with the library's lo/hi loads and 8-byte code stores."""
-    g, row, M, KW, stride_w, pm, pw = _tile_addr(tab_ptr, qmap_ptr, tl.program_id(0), NB)
+def _roof_kernel(tab_ptr, qmap_ptr, NB: tl.constexpr, ROW_MAJOR: tl.constexpr):
+    """Trivial encode, the library's lo/hi loads and 8-byte code stores, row-major (the old order) or
+    block-major tiles."""
+    _g, row, M, KW, stride_w, pm, pw = _tile_addr(tab_ptr, qmap_ptr, tl.program_id(0), NB)
     xw = _tab_ptr(row, 0, tl.int32)
     dp = _tab_ptr(row, 1, tl.int32)
     sp = _tab_ptr(row, 2, tl.uint8)
@@ -80,56 +85,23 @@ def _lohi_roof_kernel(tab_ptr, qmap_ptr, scratch_ptr, NB: tl.constexpr):
     rows = pm * 16 + tl.arange(0, 16)
     blks = pw * NB + tl.arange(0, NB)
     j = tl.arange(0, 4)
-    off = rows[:, None, None] * stride_w + blks[None, :, None] * 8 + j[None, None, :]
-    mask = (rows[:, None, None] < M) & (blks[None, :, None] < NBK)
-    lo = tl.load(xw + off, mask=mask, other=0)
-    hi = tl.load(xw + off + 4, mask=mask, other=0)
+    two = tl.arange(0, 2)
+    if ROW_MAJOR:
+        off = rows[:, None, None] * stride_w + blks[None, :, None] * 8 + j[None, None, :]
+        m2 = (rows[:, None] < M) & (blks[None, :] < NBK)
+        doff = rows[:, None, None] * (NBK * 2) + blks[None, :, None] * 2 + two[None, None, :]
+        soff = rows[:, None] * NBK + blks[None, :]
+    else:
+        off = blks[:, None, None] * 8 + rows[None, :, None] * stride_w + j[None, None, :]
+        m2 = (blks[:, None] < NBK) & (rows[None, :] < M)
+        doff = blks[:, None, None] * 2 + rows[None, :, None] * (NBK * 2) + two[None, None, :]
+        soff = blks[:, None] + rows[None, :] * NBK
+    lo = tl.load(xw + off, mask=m2[:, :, None], other=0)
+    hi = tl.load(xw + off + 4, mask=m2[:, :, None], other=0)
     plo = tl.reduce(lo, 2, _add)
     phi = tl.reduce(hi, 2, _add)
-    two = tl.arange(0, 2)
-    bm = (rows[:, None] < M) & (blks[None, :] < NBK)
-    tl.store(
-        dp + rows[:, None, None] * (NBK * 2) + blks[None, :, None] * 2 + two[None, None, :],
-        tl.join(plo, phi),
-        mask=bm[:, :, None],
-    )
-    tl.store(sp + rows[:, None] * NBK + blks[None, :], ((plo ^ phi) & 0x7F).to(tl.uint8), mask=bm)
-
-
-@triton.jit
-def _lohi_t_tile(xw, dp, sp, abits, pid_m, pid_w, M, KW, stride_w, NB: tl.constexpr, TRIVIAL: tl.constexpr):
-    """The library's lo/hi encode on a block-major tile [NB, 16, 4]: Triton's coalescing orders equally
-    contiguous axes by index, so lanes now run along the blocks of a row, not down the 16 rows."""
-    bad = abits >= 0x7F800000
-    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
-    s_enc, s_dec = _encode_scale(amax)
-    NBK = KW // 8
-    rows = pid_m * 16 + tl.arange(0, 16)
-    blks = pid_w * NB + tl.arange(0, NB)
-    j = tl.arange(0, 4)
-    off = blks[:, None, None] * 8 + rows[None, :, None] * stride_w + j[None, None, :]
-    m3 = (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
-    lo = tl.load(xw + off, mask=m3, other=0)
-    hi = tl.load(xw + off + 4, mask=m3, other=0)
-    if TRIVIAL:
-        plo = tl.reduce(lo, 2, _add)
-        phi = tl.reduce(hi, 2, _add)
-        sbyte = (plo ^ phi) & 0x7F
-    else:
-        vmax = tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 2, _max_nan)  # [NB, 16]
-        vt = tl.where(bad, 0.0, tl.reduce(vmax, 1, _max_nan))  # [NB]
-        s_b, sb1, enc = _block_scale(vt, s_enc, s_dec)
-        plo = tl.where(bad, 0, _pair_encode(lo, enc[:, None, None], 2))
-        phi = tl.where(bad, 0, _pair_encode(hi, enc[:, None, None], 2))
-        sbyte = tl.where(bad, 0x7F, tl.broadcast_to(sb1[:, None], [NB, 16]))
-    m2 = (blks[:, None] < NBK) & (rows[None, :] < M)
-    two = tl.arange(0, 2)
-    tl.store(
-        dp + blks[:, None, None] * 2 + rows[None, :, None] * (NBK * 2) + two[None, None, :],
-        tl.join(plo, phi),
-        mask=m2[:, :, None],
-    )
-    tl.store(sp + blks[:, None] + rows[None, :] * NBK, sbyte.to(tl.uint8), mask=m2)
+    tl.store(dp + doff, tl.join(plo, phi), mask=m2[:, :, None])
+    tl.store(sp + soff, ((plo ^ phi) & 0x7F).to(tl.uint8), mask=m2)
 
 
 @triton.jit
@@ -158,7 +130,7 @@ def _pair_t_tile(xw, dp, sp, abits, pid_m, pid_w, M, KW, stride_w, NB: tl.conste
     else:
         hm = tl.reduce(_pair_absmax(w), 3, _max_nan)  # [2, NB, 16]
         vt = tl.where(bad, 0.0, tl.reduce(tl.reduce(hm, 0, _max_nan), 1, _max_nan))  # [NB]
-        s_b, sb1, enc = _block_scale(vt, s_enc, s_dec)
+        _s_b, sb1, enc = _block_scale(vt, s_enc, s_dec)
         packed = tl.where(bad, 0, _pair_encode(w, enc[None, :, None, None], 3))
         sbyte = tl.where(bad, 0x7F, tl.broadcast_to(sb1[:, None], [NB, 16]))
     tl.store(
@@ -170,16 +142,98 @@ def _pair_t_tile(xw, dp, sp, abits, pid_m, pid_w, M, KW, stride_w, NB: tl.conste
 
 
 @triton.jit
-def _t_kernel(tab_ptr, qmap_ptr, scratch_ptr, NB: tl.constexpr, PAIR: tl.constexpr, TRIVIAL: tl.constexpr):
+def _pair_kernel(tab_ptr, qmap_ptr, scratch_ptr, NB: tl.constexpr, TRIVIAL: tl.constexpr):
     g, row, M, KW, stride_w, pm, pw = _tile_addr(tab_ptr, qmap_ptr, tl.program_id(0), NB)
     xw = _tab_ptr(row, 0, tl.int32)
     dp = _tab_ptr(row, 1, tl.int32)
     sp = _tab_ptr(row, 2, tl.uint8)
-    abits = tl.load(scratch_ptr + g)
-    if PAIR:
-        _pair_t_tile(xw, dp, sp, abits, pm, pw, M, KW, stride_w, NB, TRIVIAL)
+    _pair_t_tile(xw, dp, sp, tl.load(scratch_ptr + g), pm, pw, M, KW, stride_w, NB, TRIVIAL)
+
+
+@triton.jit
+def _token_roof_kernel(xw, dp, sp, qp, KW, NB: tl.constexpr, QS: tl.constexpr):
+    """Per-token roofline: the library's per-token loads (one row per program, lo/hi halves), the row
+    reduction across the program (the barrier between the loads and the stores), a trivial encode."""
+    NBK = KW // 8
+    row = tl.program_id(0)
+    blks = tl.arange(0, NB)
+    j = tl.arange(0, 4)
+    off = blks[:, None] * 8 + j[None, :]
+    m = blks[:, None] < NBK
+    lo = tl.load(xw + row * KW + off, mask=m, other=0)
+    hi = tl.load(xw + row * KW + off + 4, mask=m, other=0)
+    amax = tl.reduce(tl.reduce(_max_nan(_pair_absmax(lo), _pair_absmax(hi)), 1, _max_nan), 0, _max_nan)
+    ab = amax.to(tl.int32, bitcast=True) & 1
+    if QS:
+        tl.store(qp + row * KW + off, lo ^ ab, mask=m)
+        tl.store(qp + row * KW + off + 4, hi ^ ab, mask=m)
     else:
-        _lohi_t_tile(xw, dp, sp, abits, pm, pw, M, KW, stride_w, NB, TRIVIAL)
+        plo = tl.reduce(lo, 1, _add) ^ ab
+        phi = tl.reduce(hi, 1, _add)
+        two = tl.arange(0, 2)
+        tl.store(
+            dp + row * (NBK * 2) + blks[:, None] * 2 + two[None, :],
+            tl.join(plo, phi),
+            mask=(blks < NBK)[:, None],
+        )
+        tl.store(sp + row * NBK + blks, ((plo ^ phi) & 0x7F).to(tl.uint8), mask=blks < NBK)
+
+
+def run_token(copy_gbps: float) -> None:
+    """Per-token 8192x8192 bf16: the library at several launch sizes and the roofline, CUDA-graph timed."""
+    from triton.testing import do_bench_cudagraph
+
+    from minite_kernels.backends.triton import quantize as Q
+
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    n = x.numel()
+    default = dict(Q.BF16_CONFIG)
+    for case, kw, nbytes in (
+        ("packed", {}, 2 * n + n // 2 + n // 16),
+        ("qs_only", {"write_packed": False, "write_qs": True}, 4 * n),
+    ):
+        ref = Q.quantize_nvfp4_triton(x, per_token=True, **kw)
+        out = Q.quantize_nvfp4_triton(x, per_token=True, **kw)
+        for tpt, words in ((16, 1024), (8, 1024), (32, 1024), (64, 1024), (16, 8192), (32, 8192)):
+            Q.BF16_CONFIG.update(token_words_per_thread=tpt, token_program_words=words)
+            for t in out:
+                if t is not None:
+                    t.zero_()
+            fn = lambda out=out, kw=kw: Q.quantize_nvfp4_triton(x, per_token=True, out=out, **kw)
+            fn()
+            same = all(
+                (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                for a, b in zip(ref, out)
+            )
+            ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            emit(
+                bench="token_8192sq",
+                case=case,
+                tpt=tpt,
+                words=words,
+                bytes_equal=same,
+                us=ms * 1e3,
+                frac_copy_bw=nbytes / ms / 1e6 / copy_gbps,
+            )
+            Q.BF16_CONFIG.clear()
+            Q.BF16_CONFIG.update(default)
+        xw = x.view(torch.int32)
+        data = torch.empty(8192, 4096 // 2, dtype=torch.int32, device="cuda")
+        sc = torch.empty(8192, 512, dtype=torch.uint8, device="cuda")
+        qs = torch.empty(8192, 4096, dtype=torch.int32, device="cuda")
+        for warps in (4, 8, 16):
+            fn = lambda w=warps, c=case, bufs=(xw, data, sc, qs): _token_roof_kernel[(8192,)](
+                *bufs, 4096, NB=512, QS=c == "qs_only", num_warps=w
+            )
+            fn()
+            ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            emit(
+                bench="token_8192sq",
+                case=f"roof_{case}",
+                warps=warps,
+                us=ms * 1e3,
+                frac_copy_bw=nbytes / ms / 1e6 / copy_gbps,
+            )
 
 
 def emit(**rec) -> None:
@@ -194,56 +248,58 @@ def _same(a, b) -> bool:
     return all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
 
 
-def run(weights, label: str, copy_gbps: float | None, variants, interpret: bool) -> None:
+def run(weights, label: str, copy_gbps: float | None, launches, interpret: bool) -> None:
     from minite_kernels.backends.triton import WeightRequantizer
+    from minite_kernels.backends.triton.quantize_bf16 import _grouped_quant_kernel
 
     sync = WeightRequantizer(weights, cuda_graph=False)
     sync.sync()  # scratch now holds every weight's amax bits, as the optimizer would give them
-    ((table, _amap, _n_a, qmap, n_q, scratch),) = sync._groups
+    ((_t, _amap, _n_a, _qmap, _n_q, scratch),) = sync._groups
     ref = _outputs(sync)
     nparam = sum(w.numel() for w in weights)
-
-    def base():
-        from minite_kernels.backends.triton.quantize_bf16 import _grouped_quant_kernel
-
-        _grouped_quant_kernel[(n_q,)](
-            table,
-            qmap,
-            scratch,
-            BLOCK_M=16,
-            NB=32,
-            TILE16=True,
-            WRITE_QS=False,
-            WRITE_DEQ=False,
-            RNE_INT=interpret,
-            num_warps=8,
-        )
-
-    cases = {"base": (base, True)}
-    tab32, qmap32 = _table(sync, 32)
-    cases["roof_base"] = (
-        lambda: _lohi_roof_kernel[(_tiles(weights, 32),)](tab32, qmap32, scratch, NB=32, num_warps=8),
-        False,
-    )
-    for nb, warps in variants:
-        n = _tiles(weights, nb)
+    cases = {}
+    for nb, warps in launches:
         tab, qm = _table(sync, nb)
-        for pair in (False, True):
-            for trivial in (True, False):
-                name = f"{'roof_' if trivial else ''}t_{'pair' if pair else 'lohi'}_nb{nb}_w{warps}"
-                cases[name] = (
-                    lambda t=tab, q=qm, n=n, nb=nb, wp=warps, pr=pair, tv=trivial: _t_kernel[(n,)](
-                        t, q, scratch, NB=nb, PAIR=pr, TRIVIAL=tv, num_warps=wp
-                    ),
-                    not trivial,
-                )
+        n = _tiles(weights, nb)
+        cases[f"library_nb{nb}_w{warps}"] = (
+            lambda t=tab, q=qm, n=n, nb=nb, wp=warps: _grouped_quant_kernel[(n,)](
+                t,
+                q,
+                scratch,
+                BLOCK_M=16,
+                NB=nb,
+                TILE16=True,
+                WRITE_QS=False,
+                WRITE_DEQ=False,
+                RNE_INT=interpret,
+                num_warps=wp,
+            ),
+            True,
+        )
+    tab, qm = _table(sync, 32)
+    n = _tiles(weights, 32)
+    for warps in (4, 8):
+        for major in ("row", "block"):
+            cases[f"roof_{major}major_w{warps}"] = (
+                lambda wp=warps, rm=major == "row": _roof_kernel[(n,)](
+                    tab, qm, NB=32, ROW_MAJOR=rm, num_warps=wp
+                ),
+                False,
+            )
+        for trivial in (True, False):
+            cases[f"{'roof_' if trivial else ''}pair_w{warps}"] = (
+                lambda wp=warps, tv=trivial: _pair_kernel[(n,)](
+                    tab, qm, scratch, NB=32, TRIVIAL=tv, num_warps=wp
+                ),
+                not trivial,
+            )
     for name, (fn, exact) in cases.items():
         for o, _ in sync._bufs:
             o.data.zero_()
             o.scales.zero_()
         fn()
         same = _same(_outputs(sync), ref) if exact else None
-        rec = dict(bench="quant_layout", weights=label, case=name, bytes_equal=same)
+        rec = {"bench": "quant_layout", "weights": label, "case": name, "bytes_equal": same}
         if not interpret:
             from triton.testing import do_bench_cudagraph
 
@@ -278,6 +334,7 @@ def _table(sync, nb):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--interpret-check", action="store_true", help="tiny shapes under TRITON_INTERPRET=1")
+    p.add_argument("--only", default="sync,token", help="comma list of: sync, token")
     args = p.parse_args(argv)
     if args.interpret_check:
         assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
@@ -287,15 +344,25 @@ def main(argv=None) -> int:
             for m, k, s in ((32, 1024, 1.0), (48, 512, 0.02), (16, 1536, 3.0))
         ]
         ws[1][3, 7] = 0.0
-        run(ws, "tiny", None, ((32, 4),), interpret=True)
+        run(ws, "tiny", None, ((32, 4), (16, 4)), interpret=True)
         return 0
     from bench_kernels import _copy_gbps, _qwen3_1p7b_weights
 
     copy_gbps = _copy_gbps(argparse.Namespace())
     emit(bench="copy", GBps=copy_gbps)
-    variants = ((32, 8), (32, 4), (32, 2), (64, 8), (64, 4), (16, 4))
-    run(_qwen3_1p7b_weights(), "qwen3_1p7b", copy_gbps, variants, interpret=False)
-    run([torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)], "8192sq", copy_gbps, variants, False)
+    only = set(args.only.split(","))
+    if "token" in only:
+        run_token(copy_gbps)
+    if "sync" in only:
+        variants = ((32, 8), (32, 4), (32, 2), (64, 8), (64, 4), (16, 4))
+        run(_qwen3_1p7b_weights(), "qwen3_1p7b", copy_gbps, variants, interpret=False)
+        run(
+            [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)],
+            "8192sq",
+            copy_gbps,
+            variants,
+            False,
+        )
     return 0
 
 
