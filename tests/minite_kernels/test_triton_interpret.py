@@ -258,6 +258,10 @@ def test_bf16_quantize_every_output_matches_reference(tk):
             inp, per_token=scaling == "per_token", tile16=tile == (16, 16), write_qs=True, write_deq=True
         )
         _same_all(out, quantize_nvfp4(inp, scaling=scaling, tile=tile))
+    # packed only, K/16 = 5 and 6 blocks: the per-token row is held as two segments (4 + 1, 4 + 2)
+    for inp in (torch.cat([x[:, :80], wide[:17, :80]]), wide[:, 32:128]):
+        d, s, a, *_ = tk.quantize_nvfp4_triton(inp, per_token=True)
+        _same((d, s, a), quantize_nvfp4(inp, scaling="per_token"))
     # qs only (the decode path's activation operand), no packed output
     *_, a, _nf, qs, _ = tk.quantize_nvfp4_triton(wide, per_token=True, write_packed=False, write_qs=True)
     ref = quantize_nvfp4(wide, scaling="per_token")

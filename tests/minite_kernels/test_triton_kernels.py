@@ -395,12 +395,14 @@ def test_every_swept_per_token_launch_size_is_byte_exact(words_per_thread, progr
 
     cfg = dict(q.BF16_CONFIG, token_words_per_thread=words_per_thread, token_program_words=program_words)
     monkeypatch.setattr(q, "BF16_CONFIG", cfg)
-    for k in (1024, 2048, 2560, 6144):
+    for k in (1024, 2048, 2560, 6144, 9728, 4112):
         x = _heavy(64, k, seed=k)
         x[5, 17] = float("nan")
         d, s, a, nf, qs, deq = q.quantize_nvfp4_triton(x, per_token=True, write_qs=True, write_deq=True)
         ref = _ref(x, scaling="per_token")
         _assert_same_bytes(d, s, a, ref)
+        # packed only: K = 2560, 6144, 9728, 4112 rows are held as two segments (_token_geometry)
+        _assert_same_bytes(*q.quantize_nvfp4_triton(x, per_token=True)[:3], ref)
         assert torch.equal(nf.cpu(), torch.isnan(ref.amax))
         dr = ref.dequantize(torch.bfloat16)
         fin = ~torch.isnan(dr)

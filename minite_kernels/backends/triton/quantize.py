@@ -514,11 +514,25 @@ def _bf16_outputs_ok(out: QuantOut, write_packed: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _token_geometry(kw: int, program_words: int, words_per_thread: int) -> tuple[int, int, int]:
-    """(rows per program, blocks per row rounded up to a power of 2, warps) of the BF16 per-token kernel."""
-    nb = triton.next_power_of_2(kw // 8)
-    bm = max(1, min(16, program_words // (nb * 8)))
-    return bm, nb, max(1, min(16, bm * nb * 8 // (words_per_thread * 32)))
+def _token_geometry(
+    kw: int, program_words: int, words_per_thread: int, split: bool = True
+) -> tuple[int, int, int, int]:
+    """(rows per program, blocks in the row's first segment, in its second (0: one segment), warps) of the BF16
+    per-token kernel. Segments are powers of two; with ``split`` a row whose K/16 blocks are not one is held as
+    two when that pads less (K = 2560: 128 + 32 blocks instead of 256; 9728: 512 + 128 instead of 1024).
+
+    ``_launch_token`` splits only packed-only outputs. On the H200, [4096, K] packed: 16.0 -> 14.2 us at
+    K = 2560, 30.9 -> 26.4 at 6144, 63.3 -> 57.2 at 9728; but packed + deq (the learner's forward) went
+    82.6 -> 100.2 us at K = 9728 and did not change at 2560 (benchmarks/RESULTS.md), so it keeps one tile."""
+    nbk = kw // 8
+    nb, nb2 = triton.next_power_of_2(nbk), 0
+    if split and nb != nbk and nb > 1:
+        second = triton.next_power_of_2(nbk - nb // 2)
+        if nb // 2 + second < nb:
+            nb, nb2 = nb // 2, second
+    rows = max(1, program_words // ((nb + nb2) * 8))
+    bm = min(16, 1 << (rows.bit_length() - 1))
+    return bm, nb, nb2, max(1, min(16, bm * nb * 8 // (words_per_thread * 32)))
 
 
 @functools.cache
@@ -538,7 +552,9 @@ def _launch_token(ptrs: tuple, m: int, kw: int, stride_w: int, align4: bool, sr:
     amax, nonfinite, random bits (the kernel addresses them as words / bytes whatever their element type);
     ``flags``: (write_packed, write_qs, write_deq)."""
     cfg = BF16_CONFIG
-    bm, nb, warps = _token_geometry(kw, cfg["token_program_words"], cfg["token_words_per_thread"])
+    bm, nb, nb2, warps = _token_geometry(
+        kw, cfg["token_program_words"], cfg["token_words_per_thread"], split=flags == (True, False, False)
+    )
     _launchers()[0](
         (triton.cdiv(m, bm),),
         *ptrs,
@@ -547,6 +563,7 @@ def _launch_token(ptrs: tuple, m: int, kw: int, stride_w: int, align4: bool, sr:
         stride_w,
         BLOCK_M=bm,
         NB=nb,
+        NB2=nb2,
         ALIGN4=align4,
         SR=sr,
         WRITE_PACKED=flags[0],
