@@ -31,8 +31,9 @@ amaxes are used only while every grouped weight is unchanged since the optimizer
 counters, checked on the host each sync); otherwise that sync runs the amax pass as before
 (``amax_given`` reports which). The codes are the same bytes either way: the amax is exact.
 Worked example (Qwen3-1.7B, 1.41 B params): 4.5625 B/param = 6.43 GB per sync, i.e. 1.6 ms at 4 TB/s.
-Measured on the H200 (benchmarks/RESULTS.md): grouped 2.13-2.24 ms (1.51-1.59 ms per billion parameters,
-73-76% of the copy bandwidth on this traffic); per weight with the first quantize formulation 3.37 ms.
+Measured on the H200 (benchmarks/RESULTS.md): with the optimizer's amax 1.08 ms (0.76 ms per billion
+parameters, 84% of the copy bandwidth on its 2.5625 B/param); with its own amax pass 1.76 ms (92% on the
+4.5625 B/param it moves); per weight 3.9 ms.
 
 Example::
 
