@@ -1,0 +1,93 @@
+"""The register layout Triton gives the BF16 quantize tiles, checked without a GPU (issue #6).
+
+Triton's coalescing pass orders the tile axes by contiguity and breaks ties by axis index. When the tiles were
+row-major ``[rows, blocks, 4 words]``, the lanes of a warp therefore went down the rows
+(``threadsPerWarp = [16, 2, 1]``): a warp's 16-byte load touched 16 cache lines for 512 useful bytes, which
+capped the weight-sync pass at 75% of copy bandwidth (benchmarks/RESULTS.md, sixth session). The tiles are now
+block-major ``[blocks, rows, 4]``. This test compiles the kernels for sm_90 with Triton's bundled compiler
+and checks that the 16-byte load tile puts all 32 lanes along the blocks.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from minite_kernels.backends.triton import quantize_bf16 as Q
+
+_TOKEN_TYPES = {
+    "xw_ptr": "*i32",
+    "data_ptr": "*i32",
+    "scales_ptr": "*u8",
+    "qs_ptr": "*i32",
+    "deq_ptr": "*i32",
+    "amax_ptr": "*fp32",
+    "nonfinite_ptr": "*i8",
+    "rb_ptr": "*i16",
+    "M": "i32",
+    "KW": "i32",
+    "stride_w": "i32",
+}
+_GROUPED_TYPES = {"tab_ptr": "*i64", "qmap_ptr": "*i32", "scratch_ptr": "*i32"}
+_FLAGS = {"WRITE_QS": False, "WRITE_DEQ": False, "RNE_INT": False}
+
+
+def _ttgir(kernel, types: dict, constexprs: dict, warps: int) -> str:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    src = ASTSource(
+        fn=kernel,
+        signature={n: types.get(n, "constexpr") for n in names},
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+        # what the launcher specializes: 16-byte aligned pointers
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")},
+    )
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ttgir"]
+
+
+def _load_tile_lanes(ttgir: str) -> list[int]:
+    """threadsPerWarp of the 3-D layout whose threads hold 4 consecutive words (the 16-byte loads)."""
+    for m in re.finditer(
+        r"#ttg\.blocked<\{sizePerThread = \[1, 1, 4\], threadsPerWarp = \[([0-9, ]+)\]", ttgir
+    ):
+        return [int(v) for v in m.group(1).split(",")]
+    raise AssertionError("no [1, 1, 4] blocked layout in the TTGIR")
+
+
+@pytest.mark.parametrize(
+    "kernel,types,constexprs,warps",
+    [
+        # the weight-sync pass: 16 x 32-block tiles, the library's defaults
+        (
+            Q._grouped_quant_kernel,
+            _GROUPED_TYPES,
+            dict(BLOCK_M=16, NB=32, TILE16=True, **_FLAGS),
+            4,
+        ),
+        # per-tensor 1x16: 8 rows x 32 blocks
+        (
+            Q._quant_tensor_kernel_bf16,
+            dict(_TOKEN_TYPES, scratch_ptr="*i32"),
+            dict(BLOCK_M=8, NB=32, ALIGN4=True, TILE16=False, SR=False, WRITE_PACKED=True, **_FLAGS),
+            4,
+        ),
+        # per-token, short rows (K = 512): 16 rows per program
+        (
+            Q._quant_token_kernel_bf16,
+            _TOKEN_TYPES,
+            dict(BLOCK_M=16, NB=32, NB2=0, ALIGN4=True, SR=False, WRITE_PACKED=True, **_FLAGS),
+            4,
+        ),
+    ],
+    ids=["grouped_16x16", "tensor_1x16", "token_16_rows"],
+)
+def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
+    lanes = _load_tile_lanes(_ttgir(kernel, types, constexprs, warps))
+    assert lanes == [32, 1, 1], (
+        f"threadsPerWarp {lanes}: the lanes must span the blocks (axis 0), not the rows"
+    )
