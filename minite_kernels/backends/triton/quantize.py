@@ -521,9 +521,10 @@ def _token_geometry(
     per-token kernel. Segments are powers of two; with ``split`` a row whose K/16 blocks are not one is held as
     two when that pads less (K = 2560: 128 + 32 blocks instead of 256; 9728: 512 + 128 instead of 1024).
 
-    ``_launch_token`` splits only packed-only outputs. On the H200, [4096, K] packed: 16.0 -> 14.2 us at
-    K = 2560, 30.9 -> 26.4 at 6144, 63.3 -> 57.2 at 9728; but packed + deq (the learner's forward) went
-    82.6 -> 100.2 us at K = 9728 and did not change at 2560 (benchmarks/RESULTS.md), so it keeps one tile."""
+    ``_launch_token`` splits only packed-only, round-to-nearest outputs. On the H200, [4096, K] packed:
+    16.0 -> 14.2 us at K = 2560, 30.9 -> 26.6 at 6144, 63.3 -> 57.5 at 9728; but packed + deq (the learner's
+    forward) went 82.6 -> 100.2 us at K = 9728 (128 registers per thread instead of 59) and did not change at
+    2560 (benchmarks/RESULTS.md), so it keeps one tile."""
     nbk = kw // 8
     nb, nb2 = triton.next_power_of_2(nbk), 0
     if split and nb != nbk and nb > 1:
@@ -553,7 +554,10 @@ def _launch_token(ptrs: tuple, m: int, kw: int, stride_w: int, align4: bool, sr:
     ``flags``: (write_packed, write_qs, write_deq)."""
     cfg = BF16_CONFIG
     bm, nb, nb2, warps = _token_geometry(
-        kw, cfg["token_program_words"], cfg["token_words_per_thread"], split=flags == (True, False, False)
+        kw,
+        cfg["token_program_words"],
+        cfg["token_words_per_thread"],
+        split=not sr and flags == (True, False, False),
     )
     _launchers()[0](
         (triton.cdiv(m, bm),),

@@ -14,9 +14,9 @@ How (measured on the H200, ``benchmarks/RESULTS.md``; the first formulation, one
 every word reduced twice, reached 34% of copy bandwidth per token and is in git history):
 
 - tiles are 3-D, block-major ``[NB, BLOCK_M, 4]`` (so the lanes of a warp run along a row's blocks) and
-  loaded twice per block (words 0..3 and 4..7), each a 16-byte
-  vector, so a thread owns whole 16-element blocks: the block max is a register-only ``max`` over the last
-  axis, the broadcast of the block scale ``enc[:, :, None]`` is free, nothing goes through shared memory;
+  loaded twice per block (words 0..3 and 4..7), each a 16-byte vector, so a thread owns whole 16-element
+  blocks: the block max is a register-only ``max`` over the last axis, the broadcast of the block scale
+  ``enc[:, :, None]`` is free, nothing goes through shared memory;
 - the 8 code bytes of a block are OR-ed into two int32 (``byte << 8i``, disjoint bit fields) and stored
   as one 8-byte vector; qs/deq as 16-byte vectors;
 - ``max|x|`` is one ``max.NaN.f32`` of ``|x_even|``, ``|x_odd|`` per word (abs is a free operand modifier; NaN
