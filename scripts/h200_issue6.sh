@@ -6,6 +6,7 @@
 #   bash scripts/h200_issue6.sh launch   # host cost per quantize launch, per quantized linear, per model step
 #   bash scripts/h200_issue6.sh verify   # whole GPU suite on the defaults, interleaved model step, linears
 #   bash scripts/h200_issue6.sh optim    # whole GPU suite, AdamW with amax + weight sync fed by it, launch cost
+#   bash scripts/h200_issue6.sh layout   # quantize byte tests, tile-layout rooflines + sweeps, learner shapes, sync
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -60,8 +61,17 @@ optim)  # the whole GPU suite, the optimizer's amax feeding weight sync, launch 
     step optim 150 python3 scripts/bench_kernels.py --only optim --optim-sweep --out "$out/optim.jsonl"
     step launch 110 python3 scripts/bench_launch_overhead.py --rounds 4
     ;;
+layout)  # the quantize kernels' byte tests, tile-layout rooflines and launch sweeps, per-token learner shapes,
+    # the weight sync fed by the optimizer's amax (the sixth session's measurements, about 8 minutes)
+    step quant_tests 220 python3 -m pytest tests/minite_kernels/test_triton_kernels.py \
+        tests/minite_kernels/test_fast_lane.py tests/minite_kernels/test_modules_weight_sync.py \
+        -m gpu -q -p no:cacheprovider -rfE
+    step layout 120 python3 scripts/bench_quant_layout.py
+    step learner 150 python3 scripts/bench_quantize_sweeps.py --only learner
+    step optim 60 python3 scripts/bench_kernels.py --only optim --out "$out/optim.jsonl"
+    ;;
 *)
-    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim" >&2
+    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout" >&2
     exit 2
     ;;
 esac
