@@ -62,11 +62,11 @@ optim)  # the whole GPU suite, the optimizer's amax feeding weight sync, launch 
     step launch 110 python3 scripts/bench_launch_overhead.py --rounds 4
     ;;
 layout)  # the quantize kernels' byte tests, tile-layout rooflines and launch sweeps, per-token learner shapes,
-    # the weight sync fed by the optimizer's amax (the sixth session's measurements, about 8 minutes)
-    step quant_tests 220 python3 -m pytest tests/minite_kernels/test_triton_kernels.py \
+    # the weight sync fed by the optimizer's amax (the sixth session's measurements, 6-9 minutes)
+    step quant_tests 190 python3 -m pytest tests/minite_kernels/test_triton_kernels.py \
         tests/minite_kernels/test_fast_lane.py tests/minite_kernels/test_modules_weight_sync.py \
         -m gpu -q -p no:cacheprovider -rfE
-    step layout 120 python3 scripts/bench_quant_layout.py
+    step layout 170 python3 scripts/bench_quant_layout.py
     step learner 150 python3 scripts/bench_quantize_sweeps.py --only learner
     step optim 60 python3 scripts/bench_kernels.py --only optim --out "$out/optim.jsonl"
     ;;
