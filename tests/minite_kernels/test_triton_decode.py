@@ -80,6 +80,43 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
 
 
+def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4),)) -> None:
+    """The fp16x2 pair kernel against the FP64 product (rel_l2 <= 1e-5: every 16-value block sum is exact,
+    only the FP32 accumulation across blocks rounds), its BF16 output against its FP32 output rounded once,
+    and its activation quantizer against the reference codes laid out by ``pairs_for_decode``."""
+    from minite_kernels.backends.triton.decode import (
+        decode_linear_pairs,
+        pairs_for_decode,
+        quantize_for_decode,
+    )
+    from minite_kernels.formats import quantize_nvfp4
+    from minite_kernels.formats.e2m1 import e2m1_decode, unpack_nibbles
+
+    x, w = _heavy(max(batches), k, seed=11), _heavy(n, k, seed=12)
+    w[3, :16] = 0  # an all-zero block: scale 0, codes 0
+    w[5, 16:32] = -w[5, 16:32].abs()  # a block of negative codes only
+    qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
+    qw_dev = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
+    for b in batches:
+        qx = quantize_nvfp4(x[:b].cpu(), scaling="per_token")
+        ref = qx.dequantize().double() @ qw.dequantize().double().t()
+        out, xp = quantize_for_decode(x[:b], pairs=True)
+        codes = e2m1_decode(unpack_nibbles(qx.data), torch.float16)
+        assert torch.equal(xp.cpu(), pairs_for_decode(codes))  # bit patterns, signed zeros included
+        assert torch.equal(out.data.cpu(), qx.data)
+        assert torch.equal(out.scales.view(torch.uint8).cpu(), qx.scales.view(torch.uint8))
+        for split in splits:
+            for bn, bkb, bb, warps in configs:
+                kw = {"split": split, "block_n": bn, "block_kb": bkb, "block_b": bb, "num_warps": warps}
+                y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
+                assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
+                yb = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.bfloat16, **kw)
+                if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
+                    assert _rel(ref, yb) < 8e-3
+                else:  # the FP32 result, rounded once to nearest-even
+                    assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
+
+
 def _check_nonfinite() -> None:
     import minite_kernels.backends.triton as tk
     from minite_kernels.formats import quantize_nvfp4
@@ -196,6 +233,12 @@ if torch.cuda.is_available():
         _check_decode((1, 3, 4, 8, 16), n, k, (None, 1, 4))
 
     @pytest.mark.gpu
+    @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512), (40, 80)])
+    def test_decode_pairs_gpu(n, k):
+        configs = ((None, None, None, 4), (8, 32, 4, 4), (32, 64, 4, 8), (16, 32, 2, 4), (16, 16, 1, 4))
+        _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
+
+    @pytest.mark.gpu
     def test_backend_routes_decode_gpu():
         _check_decode_quantizer()
         _check_nonfinite()
@@ -207,6 +250,9 @@ elif _IN_INTERPRETER:
     def test_decode_interpreted():
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
+    def test_decode_pairs_interpreted():
+        _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4),))
+
     def test_backend_routes_decode_interpreted():
         _check_decode_quantizer()
         _check_nonfinite()
@@ -216,4 +262,4 @@ elif _IN_INTERPRETER:
 else:
 
     def test_decode_suite_in_interpreter_subprocess(run_interpreted):
-        assert "2 passed" in run_interpreted(__file__)
+        assert "3 passed" in run_interpreted(__file__)

@@ -315,6 +315,256 @@ def _decode_linear_kernel(
         _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
 
+# --- third formulation: packed fp16x2 products (``decode_linear_pairs``) -------------------------------------
+
+#: pair ``j`` (0..3) of an int32 weight word: nibbles ``j`` (low fp16 half) and ``j + 4`` (high half), each as
+#: ``e2m1 * 2^-14`` (sign -> bit 15/31, ``e1 e0 m`` -> bits 9..11 / 25..27); words ``$8`` and ``$9`` -> ``$0..$7``
+_PAIRS_ASM = tl.constexpr(
+    "\n".join(
+        ["{", ".reg .b32 t, u;"]
+        + [
+            f"{'shl' if j < 3 else 'shr'}.b32 t, ${8 + w}, {abs(9 - 4 * j)};\n"
+            + "and.b32 t, t, 0x0E000E00;\n"
+            + (f"shl.b32 u, ${8 + w}, {12 - 4 * j};\n" if j < 3 else f"mov.b32 u, ${8 + w};\n")
+            + "and.b32 u, u, 0x80008000;\n"
+            + f"or.b32 ${4 * w + j}, t, u;"
+            for w in range(2)
+            for j in range(4)
+        ]
+        + ["}"]
+    )
+)
+
+#: one 16-value block of one activation row: ``Σ q_w 2^-14 · q_x`` over 8 fp16x2 products (``$1..$8`` the
+#: decoded pairs, ``$9..$16`` the activation pairs), the two fp16 lanes added in fp32 -> ``$0``
+_BLOCK_DOT_ASM = tl.constexpr(
+    "\n".join(
+        ["{", ".reg .b32 a;", ".reg .b16 lo, hi;", ".reg .f32 fl, fh;", "mul.rn.f16x2 a, $1, $9;"]
+        + [f"fma.rn.f16x2 a, ${1 + i}, ${9 + i}, a;" for i in range(1, 8)]
+        + ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 fl, lo;", "cvt.f32.f16 fh, hi;", "add.f32 $0, fl, fh;", "}"]
+    )
+)
+
+
+@triton.jit
+def _half_lanes(v):
+    """The two fp16 lanes of int32 words, as fp32."""
+    lo = (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = ((v >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _pair(w, J: tl.constexpr):
+    """Pair ``J`` of the words ``w`` as two fp16 lanes in an int32 (what ``_PAIRS_ASM`` computes)."""
+    if J < 3:
+        mag = (w << (9 - 4 * J)) & 0x0E000E00
+        sgn = (w << (12 - 4 * J)) & -2147450880  # 0x80008000 as int32
+    else:
+        mag = (w >> 3) & 0x0E000E00
+        sgn = w & -2147450880
+    return mag | sgn
+
+
+@triton.jit
+def _block_dot(h0, h1, h2, h3, h4, h5, h6, h7, x0, x1, x2, x3, x4, x5, x6, x7, INTERP: tl.constexpr):
+    if INTERP:  # the interpreter runs no PTX: the same exact products and sums, in fp32
+        a = tl.zeros(h0.shape, dtype=tl.float32)
+        for h, x in ((h0, x0), (h1, x1), (h2, x2), (h3, x3), (h4, x4), (h5, x5), (h6, x6), (h7, x7)):
+            hl, hh = _half_lanes(h)
+            xl, xh = _half_lanes(x)
+            a += hl * xl + hh * xh
+        return a
+    else:
+        return tl.inline_asm_elementwise(
+            _BLOCK_DOT_ASM,
+            "=f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [h0, h1, h2, h3, h4, h5, h6, h7, x0, x1, x2, x3, x4, x5, x6, x7],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+
+
+@triton.jit
+def _row_block_dots(
+    hs, xp_ptr, xs_ptr, r, kb, kbmask, K, B, BN: tl.constexpr, BKB: tl.constexpr, INTERP: tl.constexpr
+):
+    KB = K // 16
+    """Row ``r``: Σ over each block of ``q_w 2^-14 · q_x`` (fp32 [BN, BKB], exact) times ``s_x 2^-8``."""
+    m = kbmask & (r < B)
+    xr = xp_ptr + r * (K // 2) + kb  # x as [B, 8, K/16]: pair word c of every block is a contiguous row
+    x0 = tl.load(xr, mask=m, other=0)
+    x1 = tl.load(xr + KB, mask=m, other=0)
+    x2 = tl.load(xr + 2 * KB, mask=m, other=0)
+    x3 = tl.load(xr + 3 * KB, mask=m, other=0)
+    x4 = tl.load(xr + 4 * KB, mask=m, other=0)
+    x5 = tl.load(xr + 5 * KB, mask=m, other=0)
+    x6 = tl.load(xr + 6 * KB, mask=m, other=0)
+    x7 = tl.load(xr + 7 * KB, mask=m, other=0)
+    h0, h1, h2, h3, h4, h5, h6, h7 = hs
+    p = _block_dot(
+        h0,
+        h1,
+        h2,
+        h3,
+        h4,
+        h5,
+        h6,
+        h7,
+        tl.broadcast_to(x0[None, :], [BN, BKB]),
+        tl.broadcast_to(x1[None, :], [BN, BKB]),
+        tl.broadcast_to(x2[None, :], [BN, BKB]),
+        tl.broadcast_to(x3[None, :], [BN, BKB]),
+        tl.broadcast_to(x4[None, :], [BN, BKB]),
+        tl.broadcast_to(x5[None, :], [BN, BKB]),
+        tl.broadcast_to(x6[None, :], [BN, BKB]),
+        tl.broadcast_to(x7[None, :], [BN, BKB]),
+        INTERP,
+    )
+    sx = _fp16_scale(tl.load(xs_ptr + r * (K // 16) + kb, mask=m, other=0).to(tl.int32)).to(tl.float32)
+    return p * sx[None, :]
+
+
+@triton.jit
+def _decode_pairs_kernel(
+    xp_ptr,
+    xs_ptr,
+    xamax_ptr,
+    w_ptr,
+    ws_ptr,
+    wamax_ptr,
+    out_ptr,
+    part_ptr,
+    cnt_ptr,
+    B,
+    N,
+    K,
+    kb_per_split,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    SPLIT: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """Rows ``g*BLOCK_B ...`` (program axis 2) of ``y = x w^T`` for one BLOCK_N slice of the weight and one
+    split of K: per 16-value block, the 8 fp16x2 products ``(q_w 2^-14)(q_x)`` summed exactly in fp16 (every
+    partial sum is a multiple of 2^-16 below 1152 * 2^-16), then times ``s_w s_x 2^-16`` (exact in fp32) and
+    accumulated in fp32. The weight is decoded once for all BLOCK_B rows."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    g = tl.program_id(2)
+    # this program's rows start at g * BLOCK_B: shift the row-indexed pointers
+    xp_ptr += g * BLOCK_B * (K // 2)
+    xs_ptr += g * BLOCK_B * (K // 16)
+    xamax_ptr += g * BLOCK_B
+    out_ptr += g * BLOCK_B * N
+    part_ptr += g * SPLIT * BLOCK_B * N
+    cnt_ptr += g * tl.num_programs(0)
+    B = B - g * BLOCK_B
+    KB = K // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    kb_start = pid_k * kb_per_split
+    wa = tl.load(wamax_ptr)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    for kk in range(0, kb_per_split, BLOCK_KB):
+        kb = kb_start + kk + tl.arange(0, BLOCK_KB)
+        kbmask = kb < KB
+        kw = kb_start * 2 + kk * 2 + tl.arange(0, 2 * BLOCK_KB)
+        wd = tl.load(
+            w_ptr + offs_n[:, None] * (K // 8) + kw[None, :],
+            mask=nmask[:, None] & (kw < K // 8)[None, :],
+            other=0,
+        )
+        w0, w1 = tl.split(tl.reshape(wd, [BLOCK_N, BLOCK_KB, 2]))
+        if INTERP:
+            hs = (
+                _pair(w0, 0),
+                _pair(w0, 1),
+                _pair(w0, 2),
+                _pair(w0, 3),
+                _pair(w1, 0),
+                _pair(w1, 1),
+                _pair(w1, 2),
+                _pair(w1, 3),
+            )
+        else:
+            hs = tl.inline_asm_elementwise(
+                _PAIRS_ASM,
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+                [w0, w1],
+                dtype=(tl.int32,) * 8,
+                is_pure=True,
+                pack=1,
+            )
+        sw = _fp16_scale(
+            tl.load(
+                ws_ptr + offs_n[:, None] * KB + kb[None, :], mask=nmask[:, None] & kbmask[None, :], other=0
+            ).to(tl.int32)
+        ).to(tl.float32)
+        acc0 += _row_block_dots(hs, xp_ptr, xs_ptr, 0, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+        if BLOCK_B > 1:
+            acc1 += _row_block_dots(hs, xp_ptr, xs_ptr, 1, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+        if BLOCK_B > 2:
+            acc2 += _row_block_dots(hs, xp_ptr, xs_ptr, 2, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+            acc3 += _row_block_dots(hs, xp_ptr, xs_ptr, 3, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+    post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
+    xa0 = tl.load(xamax_ptr)
+    _store_rows(
+        tl.sum(acc0, axis=1) * post * xa0, 0, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
+    )
+    if BLOCK_B > 1:
+        xa1 = tl.load(xamax_ptr + 1, mask=B > 1, other=0.0)
+        _store_rows(
+            tl.sum(acc1, axis=1) * post * xa1,
+            1,
+            out_ptr,
+            part_ptr,
+            offs_n,
+            nmask,
+            pid_k,
+            N,
+            B,
+            BLOCK_B,
+            SPLIT,
+        )
+    if BLOCK_B > 2:
+        xa2 = tl.load(xamax_ptr + 2, mask=B > 2, other=0.0)
+        _store_rows(
+            tl.sum(acc2, axis=1) * post * xa2,
+            2,
+            out_ptr,
+            part_ptr,
+            offs_n,
+            nmask,
+            pid_k,
+            N,
+            B,
+            BLOCK_B,
+            SPLIT,
+        )
+        xa3 = tl.load(xamax_ptr + 3, mask=B > 3, other=0.0)
+        _store_rows(
+            tl.sum(acc3, axis=1) * post * xa3,
+            3,
+            out_ptr,
+            part_ptr,
+            offs_n,
+            nmask,
+            pid_k,
+            N,
+            B,
+            BLOCK_B,
+            SPLIT,
+        )
+    if SPLIT > 1:
+        _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
+
+
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -421,7 +671,16 @@ def permute_for_decode(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _decode_act_quant_kernel(
-    x_ptr, qsp_ptr, data_ptr, scales_ptr, amax_ptr, nonfinite_ptr, K, stride_x, NB: tl.constexpr
+    x_ptr,
+    qsp_ptr,
+    data_ptr,
+    scales_ptr,
+    amax_ptr,
+    nonfinite_ptr,
+    K,
+    stride_x,
+    NB: tl.constexpr,
+    PAIRS: tl.constexpr = False,
 ):
     """One activation row per program, held whole in registers as [NB, 16] blocks: per-token NVFP4
     quantization with the quantizer's arithmetic (``quantize.py``), writing the packed bytes, scales, amax
@@ -445,8 +704,15 @@ def _decode_act_quant_kernel(
     neg = y < 0.0
     val = _e2m1_value(code) * s_b[:, None]
     val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
-    KW = K // 8
-    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
+    if PAIRS:  # the codes (not times s_b) in the pair words of decode_linear_pairs, [B, 8, K/16] int32
+        i = k % 16
+        word = (4 * (i // 8) + i % 4) * (K // 16) + blk[:, None]
+        code_val = _e2m1_value(code)
+        code_val = tl.where(neg, code_val * -1.0, code_val)
+        tl.store(qsp_ptr + r * K + 2 * word + (i % 8) // 4, code_val.to(tl.float16), mask=m)
+    else:
+        KW = K // 8
+        tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
     c4 = code + tl.where(neg, 8, 0)
     lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
     kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
@@ -456,7 +722,7 @@ def _decode_act_quant_kernel(
     tl.store(nonfinite_ptr + r, bad)
 
 
-def quantize_for_decode(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
+def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantOut, torch.Tensor]:
     """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
     K) for :func:`decode_linear`: the usual outputs (``data``, ``scales``, ``amax``, ``nonfinite``; bytes
     identical to ``quantize_nvfp4_triton(x, per_token=True)``) and ``qs`` already in the plane-major
@@ -493,5 +759,87 @@ def quantize_for_decode(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
             x.stride(0),
             NB=nb,
             num_warps=4 if nb <= 256 else 8,
+            PAIRS=pairs,
         )
+    if pairs:  # fp16 codes, read as int32 pair words [B, 8, K/16]
+        qsp = qsp.view(torch.int32).view(b, 8, k // 16)
     return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), qsp
+
+
+def pairs_for_decode(codes: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` fp16 E2M1 values -> the int32 words ``[B, 8, K/16]`` :func:`decode_linear_pairs` reads:
+    ``out[b, 4h + j, m]`` holds values ``16m + 8h + j`` (low half) and ``16m + 8h + j + 4`` (high half), the
+    pair that nibbles ``j`` and ``j + 4`` of block ``m``'s weight word ``h`` meet."""
+    b, k = codes.shape
+    pairs = codes.view(b, k // 16, 2, 2, 4).transpose(3, 4).contiguous().view(torch.int32)  # [B, KB, 2, 4]
+    return pairs.view(b, k // 16, 8).transpose(1, 2).contiguous()
+
+
+def decode_linear_pairs(
+    x_pairs: torch.Tensor,
+    x_scales: torch.Tensor,
+    x_amax: torch.Tensor,
+    w_data: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_amax: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    split: int | None = None,
+    block_n: int | None = None,
+    block_kb: int | None = None,
+    block_b: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
+    int32 [B, K/2], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
+    (``x_amax`` fp32 [B]), against a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales``
+    [N, K/16], ``w_amax`` [1])."""
+    b, k = x_pairs.shape[0], 16 * x_pairs.shape[2]
+    n = w_data.shape[0]
+    if k % 16 or not w_data.is_contiguous() or not x_pairs.is_contiguous() or not x_scales.is_contiguous():
+        raise ValueError(f"decode_linear_pairs needs K % 16 == 0 and contiguous operands; got K={k}")
+    if w_data.shape[1] * 2 != k:
+        raise ValueError(
+            f"decode_linear_pairs: x has K={k} but the packed weight {tuple(w_data.shape)} has K={2 * w_data.shape[1]}"
+        )
+    out = torch.empty((b, n), dtype=out_dtype, device=x_pairs.device)
+    if b == 0 or n == 0:
+        return out
+    bb = block_b or min(4, triton.next_power_of_2(b))
+    groups = triton.cdiv(b, bb)
+    bn = block_n or 16
+    kbt = k // 16
+    bkb = min(block_kb or 32, triton.next_power_of_2(kbt))
+    nblocks = triton.cdiv(n, bn)
+    if split is None:
+        target = 2 * _num_sms(x_pairs.device)
+        split = 1
+        while nblocks * groups * split < target and split < 16 and kbt // (split * 2) >= 2 * bkb:
+            split *= 2
+    kb_per_split = triton.cdiv(triton.cdiv(kbt, split), bkb) * bkb
+    split = triton.cdiv(kbt, kb_per_split)
+    part, cnt = (
+        _workspace(x_pairs.device, split, groups * bb, n, groups * nblocks) if split > 1 else (out, out)
+    )
+    _decode_pairs_kernel[(nblocks, split, groups)](
+        x_pairs,
+        x_scales.view(torch.uint8),
+        x_amax,
+        w_data.view(torch.int32),
+        w_scales.view(torch.uint8),
+        w_amax,
+        out,
+        part,
+        cnt,
+        b,
+        n,
+        k,
+        kb_per_split,
+        BLOCK_N=bn,
+        BLOCK_KB=bkb,
+        BLOCK_B=bb,
+        SPLIT=split,
+        INTERP=interpret_mode(),
+        num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,140 @@
+"""Packed-FP4 decode linear on the GPU: the fp16x2 pair kernel (``decode_linear_pairs``), the plane kernel
+(``decode_linear``) and cuBLAS BF16 ``F.linear``, side by side at Qwen3-4B layer shapes (issue #6 item 3).
+
+Per shape and batch, one JSON line: microseconds of CUDA-graph replay (GPU time; the kernels are a few
+microseconds long) for
+- ``bf16_us``: ``F.linear`` on the BF16 weight;
+- ``pairs_us`` / ``planes_us``: what the backend runs, one activation-quantize launch plus the kernel;
+- ``pairs_gemv_us`` / ``planes_gemv_us``: the kernel alone on already-quantized activations;
+and the ratios ``speedup_pairs = bf16_us / pairs_us`` (target 2.0). ``--sweep`` adds the pair kernel's
+launch configurations. Each case also checks the two kernels against each other (``rel_pairs_vs_planes``:
+the same products, summed in another order) before timing them.
+
+    python scripts/bench_decode.py [--batches 1,2,4,8,16] [--sweep] [--out decode.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+QWEN3_4B = (
+    ("q_proj", 4096, 2560),
+    ("k_proj", 1024, 2560),
+    ("v_proj", 1024, 2560),
+    ("o_proj", 2560, 4096),
+    ("gate_proj", 9728, 2560),
+    ("up_proj", 9728, 2560),
+    ("down_proj", 2560, 9728),
+)
+#: (BLOCK_N, BLOCK_KB, BLOCK_B, warps) tried by --sweep
+SWEEP = (
+    (16, 32, 4, 4),
+    (8, 32, 4, 4),
+    (32, 32, 4, 4),
+    (16, 64, 4, 4),
+    (32, 64, 4, 8),
+    (64, 32, 4, 8),
+    (16, 32, 2, 4),
+    (16, 32, 1, 4),
+)
+
+
+def _us(fn, rep: int) -> float:
+    from triton.testing import do_bench_cudagraph
+
+    return 1e3 * float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", default="1,2,4,8,16")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--rep", type=int, default=100)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    from minite_kernels.backends.triton import quantize_nvfp4_triton
+    from minite_kernels.backends.triton.decode import decode_linear, decode_linear_pairs, quantize_for_decode
+
+    def emit(rec: dict) -> None:
+        line = json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as fh:
+                fh.write(line + "\n")
+
+    batches = [int(b) for b in args.batches.split(",")]
+    totals: dict[tuple[int, str], float] = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, n, k in QWEN3_4B:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+        wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
+        for b in batches:
+            x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g)
+            qo, xpl = quantize_for_decode(x)
+            qp, xpr = quantize_for_decode(x, pairs=True)
+
+            def planes():
+                o, xp = quantize_for_decode(x)
+                return decode_linear(xp, o.amax, wd, ws, wa, x_perm=True)
+
+            def pairs():
+                o, xp = quantize_for_decode(x, pairs=True)
+                return decode_linear_pairs(xp, o.scales, o.amax, wd, ws, wa)
+
+            y_pl = decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True, out_dtype=torch.float32)
+            y_pr = decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, out_dtype=torch.float32)
+            rel = float((y_pr.double() - y_pl.double()).norm() / y_pl.double().norm())
+            planes(), pairs()
+            torch.cuda.synchronize()
+            rec = {
+                "bench": "decode_pairs",
+                "case": f"{name}_{n}x{k}_b{b}",
+                "batch": b,
+                "N": n,
+                "K": k,
+                "rel_pairs_vs_planes": rel,
+                "bf16_us": _us(lambda: F.linear(x, w), args.rep),
+                "planes_us": _us(planes, args.rep),
+                "pairs_us": _us(pairs, args.rep),
+                "planes_gemv_us": _us(lambda: decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True), args.rep),
+                "pairs_gemv_us": _us(
+                    lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa), args.rep
+                ),
+                "act_quant_pairs_us": _us(lambda: quantize_for_decode(x, pairs=True), args.rep),
+            }
+            if args.sweep:
+                sweep = {}
+                for bn, bkb, bb, nw in SWEEP:
+                    kw = {"block_n": bn, "block_kb": bkb, "block_b": bb, "num_warps": nw}
+                    try:
+                        decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw)
+                        sweep[f"{bn}x{bkb}b{bb}w{nw}"] = _us(
+                            lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw), 40
+                        )
+                    except Exception as e:  # a configuration that does not compile is reported, not fatal
+                        sweep[f"{bn}x{bkb}b{bb}w{nw}"] = type(e).__name__
+                rec["pairs_gemv_sweep_us"] = sweep
+            wbytes = n * k // 2 + n * k // 16
+            rec["pairs_weight_GBps"] = wbytes / rec["pairs_gemv_us"] / 1e3
+            rec["speedup_pairs"] = rec["bf16_us"] / rec["pairs_us"]
+            rec["speedup_planes"] = rec["bf16_us"] / rec["planes_us"]
+            rec["target_speedup"] = 2.0
+            emit(rec)
+            for key in ("bf16_us", "planes_us", "pairs_us", "pairs_gemv_us"):
+                totals[(b, key)] = totals.get((b, key), 0.0) + rec[key]
+    for b in batches:
+        rec = {"bench": "decode_pairs_block", "case": f"qwen3_4b_block_b{b}", "batch": b}
+        rec.update({key: v for (bb, key), v in totals.items() if bb == b})
+        rec["speedup_pairs"] = rec["bf16_us"] / rec["pairs_us"]
+        rec["speedup_planes"] = rec["bf16_us"] / rec["planes_us"]
+        rec["speedup_pairs_gemv_only"] = rec["bf16_us"] / rec["pairs_gemv_us"]
+        emit(rec)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
