@@ -30,16 +30,18 @@ QWEN3_4B = (
     ("up_proj", 9728, 2560),
     ("down_proj", 2560, 9728),
 )
-#: (BLOCK_N, BLOCK_KB, BLOCK_B, warps) tried by --sweep
+#: (BLOCK_N, BLOCK_KB, warps, pipeline stages) tried by --sweep, at BLOCK_B = min(4, batch)
 SWEEP = (
+    (16, 32, 4, 1),
+    (16, 32, 4, 2),
+    (16, 32, 4, 3),
     (16, 32, 4, 4),
-    (8, 32, 4, 4),
-    (32, 32, 4, 4),
-    (16, 64, 4, 4),
-    (32, 64, 4, 8),
-    (64, 32, 4, 8),
-    (16, 32, 2, 4),
-    (16, 32, 1, 4),
+    (8, 32, 4, 3),
+    (32, 32, 4, 3),
+    (16, 64, 4, 2),
+    (16, 16, 4, 4),
+    (32, 32, 8, 3),
+    (8, 64, 4, 2),
 )
 
 
@@ -112,11 +114,11 @@ def main() -> int:
                     kw = {"block_n": bn, "block_kb": bkb, "block_b": bb, "num_warps": nw}
                     try:
                         decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw)
-                        sweep[f"{bn}x{bkb}b{bb}w{nw}"] = _us(
+                        sweep[f"{bn}x{bkb}w{nw}s{st}"] = _us(
                             lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw), 40
                         )
                     except Exception as e:  # a configuration that does not compile is reported, not fatal
-                        sweep[f"{bn}x{bkb}b{bb}w{nw}"] = type(e).__name__
+                        sweep[f"{bn}x{bkb}w{nw}s{st}"] = type(e).__name__
                 rec["pairs_gemv_sweep_us"] = sweep
             wbytes = n * k // 2 + n * k // 16
             rec["pairs_weight_GBps"] = wbytes / rec["pairs_gemv_us"] / 1e3

@@ -80,7 +80,7 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
 
 
-def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4),)) -> None:
+def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4, 1),)) -> None:
     """The fp16x2 pair kernel against the FP64 product (rel_l2 <= 1e-5: every 16-value block sum is exact,
     only the FP32 accumulation across blocks rounds), its BF16 output against its FP32 output rounded once,
     and its activation quantizer against the reference codes laid out by ``pairs_for_decode``."""
@@ -106,8 +106,15 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4)
         assert torch.equal(out.data.cpu(), qx.data)
         assert torch.equal(out.scales.view(torch.uint8).cpu(), qx.scales.view(torch.uint8))
         for split in splits:
-            for bn, bkb, bb, warps in configs:
-                kw = {"split": split, "block_n": bn, "block_kb": bkb, "block_b": bb, "num_warps": warps}
+            for bn, bkb, bb, warps, stages in configs:
+                kw = {
+                    "split": split,
+                    "block_n": bn,
+                    "block_kb": bkb,
+                    "block_b": bb,
+                    "num_warps": warps,
+                    "stages": stages,
+                }
                 y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
                 assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
                 yb = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.bfloat16, **kw)
@@ -135,11 +142,16 @@ def _check_nonfinite() -> None:
 
 def _check_decode_quantizer() -> None:
     import minite_kernels.backends.triton as tk
-    from minite_kernels.backends.triton.decode import permute_for_decode, quantize_for_decode
+    from minite_kernels.backends.triton.decode import (
+        pairs_for_decode,
+        permute_for_decode,
+        quantize_for_decode,
+    )
     from minite_kernels.formats import quantize_nvfp4
+    from minite_kernels.formats.e2m1 import e2m1_decode, unpack_nibbles
 
     for dtype in (torch.bfloat16, torch.float32):
-        for k in (80, 2560):  # 5 blocks (padded to 8 in the kernel), and a Qwen3-4B hidden size
+        for k in (80, 2560, 9728):  # 5 blocks (padded to 8 in the kernel), Qwen3-4B hidden and MLP sizes
             x = _heavy(3, k, seed=k).to(dtype)
             x[0, :16] = 0  # an all-zero block
             x[1, 5] = -1e-30  # rounds to -0.0
@@ -156,6 +168,13 @@ def _check_decode_quantizer() -> None:
             ref_perm = permute_for_decode(ref.dequantize(torch.float32).to(_DEV))
             assert torch.equal(torch.signbit(qsp), torch.signbit(ref_perm))
             assert out.nonfinite.tolist() == [False, False, True]
+            # the pair layout (one row spread over several programs): same bytes, codes as pair words
+            outp, xp = quantize_for_decode(x, pairs=True)
+            for f in ("data", "scales", "nonfinite"):
+                assert torch.equal(getattr(outp, f).view(torch.uint8), getattr(out, f).view(torch.uint8)), f
+            assert torch.equal(outp.amax.nan_to_num(-1.0), out.amax.nan_to_num(-1.0))
+            codes = e2m1_decode(unpack_nibbles(ref.data), torch.float16)
+            assert torch.equal(xp.cpu(), pairs_for_decode(codes))  # the NaN row: all codes 0
 
 
 def _check_backend_routing() -> None:
@@ -235,7 +254,13 @@ if torch.cuda.is_available():
     @pytest.mark.gpu
     @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512), (40, 80)])
     def test_decode_pairs_gpu(n, k):
-        configs = ((None, None, None, 4), (8, 32, 4, 4), (32, 64, 4, 8), (16, 32, 2, 4), (16, 16, 1, 4))
+        configs = (
+            (None, None, None, 4, 1),
+            (8, 32, 4, 4, 3),
+            (32, 64, 4, 8, 2),
+            (16, 32, 2, 4, 4),
+            (16, 16, 1, 4, 3),
+        )
         _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
 
     @pytest.mark.gpu
@@ -251,7 +276,7 @@ elif _IN_INTERPRETER:
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
     def test_decode_pairs_interpreted():
-        _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4),))
+        _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4, 2),))
 
     def test_backend_routes_decode_interpreted():
         _check_decode_quantizer()

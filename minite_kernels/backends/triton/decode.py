@@ -446,6 +446,7 @@ def _decode_pairs_kernel(
     BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr,
     INTERP: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     """Rows ``g*BLOCK_B ...`` (program axis 2) of ``y = x w^T`` for one BLOCK_N slice of the weight and one
     split of K: per 16-value block, the 8 fp16x2 products ``(q_w 2^-14)(q_x)`` summed exactly in fp16 (every
@@ -471,7 +472,7 @@ def _decode_pairs_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
-    for kk in range(0, kb_per_split, BLOCK_KB):
+    for kk in tl.range(0, kb_per_split, BLOCK_KB, num_stages=STAGES):
         kb = kb_start + kk + tl.arange(0, BLOCK_KB)
         kbmask = kb < KB
         kw = kb_start * 2 + kk * 2 + tl.arange(0, 2 * BLOCK_KB)
@@ -680,7 +681,6 @@ def _decode_act_quant_kernel(
     K,
     stride_x,
     NB: tl.constexpr,
-    PAIRS: tl.constexpr = False,
 ):
     """One activation row per program, held whole in registers as [NB, 16] blocks: per-token NVFP4
     quantization with the quantizer's arithmetic (``quantize.py``), writing the packed bytes, scales, amax
@@ -704,15 +704,8 @@ def _decode_act_quant_kernel(
     neg = y < 0.0
     val = _e2m1_value(code) * s_b[:, None]
     val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
-    if PAIRS:  # the codes (not times s_b) in the pair words of decode_linear_pairs, [B, 8, K/16] int32
-        i = k % 16
-        word = (4 * (i // 8) + i % 4) * (K // 16) + blk[:, None]
-        code_val = _e2m1_value(code)
-        code_val = tl.where(neg, code_val * -1.0, code_val)
-        tl.store(qsp_ptr + r * K + 2 * word + (i % 8) // 4, code_val.to(tl.float16), mask=m)
-    else:
-        KW = K // 8
-        tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
+    KW = K // 8
+    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
     c4 = code + tl.where(neg, 8, 0)
     lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
     kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
@@ -720,6 +713,64 @@ def _decode_act_quant_kernel(
     tl.store(scales_ptr + r * (K // 16) + blk, tl.where(bad, 0x7F, sbyte).to(tl.uint8), mask=blk < K // 16)
     tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
     tl.store(nonfinite_ptr + r, bad)
+
+
+@triton.jit
+def _pairs_act_quant_kernel(
+    x_ptr,
+    xp_ptr,
+    data_ptr,
+    scales_ptr,
+    amax_ptr,
+    nonfinite_ptr,
+    K,
+    stride_x,
+    NB: tl.constexpr,
+    CH: tl.constexpr,
+):
+    """Per-token NVFP4 quantization of activation row ``program_id(0)``, blocks ``CH * program_id(1) ...``:
+    every program reads the whole row for its amax (L2-resident, a few KB), then encodes only its chunk, so a
+    long row is spread over several SMs. Writes the packed bytes, scales, amax and nonfinite flag exactly as
+    ``quantize_nvfp4_triton``, plus the E2M1 codes as fp16 pair words ``[B, 8, K/16]``
+    (``pairs_for_decode``), stored as int32 rows that are contiguous along the blocks."""
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    KB = K // 16
+    blk = tl.arange(0, NB)
+    k = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
+    xrow = tl.load(x_ptr + r * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
+    abits = tl.max(tl.max(xrow.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+    bad = abits >= 0x7F800000  # inf/NaN: the row's amax is NaN, its codes 0 and scale bytes 0x7F
+    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
+    s_enc, s_dec = _encode_scale(amax)
+    own = p * CH + tl.arange(0, CH)
+    ko = own[:, None] * 16 + tl.arange(0, 16)[None, :]
+    m = ko < K
+    x = tl.load(x_ptr + r * stride_x + ko, mask=m, other=0.0).to(tl.float32)
+    vmax = tl.where(bad, 0, tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)).to(
+        tl.float32, bitcast=True
+    )
+    s_b, sbyte = _e4m3_rne(tl.minimum(vmax * (s_enc * SIXTH), 448.0))
+    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    y = tl.where(bad, 0.0, x) * enc[:, None]
+    code = _e2m1_code_rn(tl.abs(y))
+    neg = y < 0.0
+    cv = _e2m1_value(code)
+    cv = tl.where(neg, cv * -1.0, cv)  # -0.0 for negative values rounded to 0, as the quantizer
+    c4 = code + tl.where(neg, 8, 0)
+    lo, hi = tl.split(tl.reshape(c4, [CH, 8, 2]))
+    kb2 = own[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(data_ptr + r * (K // 2) + kb2, (lo | (hi << 4)).to(tl.uint8), mask=kb2 < K // 2)
+    tl.store(scales_ptr + r * KB + own, tl.where(bad, 0x7F, sbyte).to(tl.uint8), mask=own < KB)
+    # value 16m + 8h + 4t + j -> half t of pair word 4h + j
+    h16 = cv.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    wlo, whi = tl.split(tl.permute(tl.reshape(h16, [CH, 2, 2, 4]), [0, 1, 3, 2]))
+    words = tl.reshape(wlo | (whi << 16), [CH, 8])
+    c8 = tl.arange(0, 8)
+    tl.store(xp_ptr + r * (8 * KB) + c8[None, :] * KB + own[:, None], words, mask=(own < KB)[:, None])
+    if p == 0:
+        tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
+        tl.store(nonfinite_ptr + r, bad)
 
 
 def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantOut, torch.Tensor]:
@@ -745,6 +796,25 @@ def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantO
         None,
         None,
     )
+    if pairs:
+        xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=dev)
+        if b:
+            ch = 32
+            nb = triton.next_power_of_2(k // 16)
+            _pairs_act_quant_kernel[(b, triton.cdiv(k // 16, ch))](
+                x,
+                xp,
+                out.data,
+                out.scales,
+                out.amax,
+                out.nonfinite,
+                k,
+                x.stride(0),
+                NB=nb,
+                CH=ch,
+                num_warps=4 if nb <= 256 else 8,
+            )
+        return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), xp
     qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=dev)
     if b:
         nb = triton.next_power_of_2(k // 16)
@@ -759,10 +829,7 @@ def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantO
             x.stride(0),
             NB=nb,
             num_warps=4 if nb <= 256 else 8,
-            PAIRS=pairs,
         )
-    if pairs:  # fp16 codes, read as int32 pair words [B, 8, K/16]
-        qsp = qsp.view(torch.int32).view(b, 8, k // 16)
     return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), qsp
 
 
@@ -789,6 +856,7 @@ def decode_linear_pairs(
     block_kb: int | None = None,
     block_b: int | None = None,
     num_warps: int = 4,
+    stages: int = 1,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
     int32 [B, K/2], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
@@ -840,6 +908,7 @@ def decode_linear_pairs(
         BLOCK_B=bb,
         SPLIT=split,
         INTERP=interpret_mode(),
+        STAGES=stages,
         num_warps=num_warps,
     )
     return out
