@@ -110,8 +110,8 @@ def main() -> int:
             }
             if args.sweep:
                 sweep = {}
-                for bn, bkb, bb, nw in SWEEP:
-                    kw = {"block_n": bn, "block_kb": bkb, "block_b": bb, "num_warps": nw}
+                for bn, bkb, nw, st in SWEEP:
+                    kw = {"block_n": bn, "block_kb": bkb, "num_warps": nw, "stages": st}
                     try:
                         decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw)
                         sweep[f"{bn}x{bkb}w{nw}s{st}"] = _us(
