@@ -10,7 +10,8 @@ Sections:
   copy         device copy bandwidth (8192x8192 bf16 and 1 GiB), the ceiling for the memory-bound kernels
   quantize     NVFP4 quantize of 8192x8192 bf16: fraction of copy bandwidth (bytes read + written)
   linear       W4A4 linear at Qwen3-4B shapes (4096 tokens): fwd and fwd+bwd vs BF16, emulated, torchao
-  decode       packed-FP4 decode linear at batch 1/4/16 vs BF16 F.linear
+  decode       packed-FP4 decode linear at batch 1/4/16 vs BF16 F.linear (scripts/bench_decode.py: the pair
+               kernel against the first formulation, with its launch sweep)
   logprobs     log-probs + entropy, vocab 151,936, 8 x 4096 tokens: peak memory and time vs naive
   weight_sync  re-quantize all linears of a Qwen3-1.7B-shaped model: ms per billion params, bandwidth
   model        fwd+bwd of a random Qwen3-1.7B-shaped model, seq 4096: bf16 vs NVFP4 recipes
@@ -408,6 +409,7 @@ def bench_linear(args):
 @section("decode")
 def bench_decode(args):
     from minite_kernels.backends.triton import decode_linear, quantize_for_decode, quantize_nvfp4_triton
+    from minite_kernels.backends.triton.decode import decode_linear_pairs
 
     totals: dict[tuple, float] = {}
     for name, n, k in layer_shapes(QWEN3_4B):
@@ -416,9 +418,9 @@ def bench_decode(args):
         for b in args.decode_batches:
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
 
-            def ours():  # what the backend runs (MINITE_TRITON_DECODE=auto): one quantize launch + the kernel
-                o, qs_perm = quantize_for_decode(x)
-                return decode_linear(qs_perm, o.amax, wd, ws, wa, x_perm=True)
+            def ours():  # what the backend runs (MINITE_TRITON_DECODE=auto): one quantize launch + the pair kernel
+                o, xp_ = quantize_for_decode(x, pairs=True)
+                return decode_linear_pairs(xp_, o.scales, o.amax, wd, ws, wa)
 
             _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(
                 x, per_token=True, write_packed=False, write_qs=True

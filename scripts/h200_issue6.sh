@@ -7,6 +7,7 @@
 #   bash scripts/h200_issue6.sh verify   # whole GPU suite on the defaults, interleaved model step, linears
 #   bash scripts/h200_issue6.sh optim    # whole GPU suite, AdamW with amax + weight sync fed by it, launch cost
 #   bash scripts/h200_issue6.sh layout   # quantize byte tests, tile-layout rooflines + sweeps, learner shapes, sync
+#   bash scripts/h200_issue6.sh decode   # whole GPU suite on the defaults (pair decode on), decode at batch 1-16
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -70,8 +71,12 @@ layout)  # the quantize kernels' byte tests, tile-layout rooflines and launch sw
     step learner 150 python3 scripts/bench_quantize_sweeps.py --only learner
     step optim 60 python3 scripts/bench_kernels.py --only optim --out "$out/optim.jsonl"
     ;;
+decode)  # the pair decode kernel (seventh session): every GPU test with it routed, then its benchmark
+    step gpu_suite 330 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
+    step decode 150 python3 scripts/bench_decode.py --batches 1,2,4,8,16 --out "$out/decode.jsonl"
+    ;;
 *)
-    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout" >&2
+    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode" >&2
     exit 2
     ;;
 esac

@@ -183,7 +183,8 @@ def _check_backend_routing() -> None:
     from minite_kernels.recipes import get_qlinear_params
 
     spec = get_qlinear_params("nvfp4_per_token_bf16_bwd").fprop
-    x, w = _heavy(min(4, tk.DECODE_MAX_ROWS), 128, seed=3), _heavy(64, 128, seed=4)
+    assert tk.DECODE_MAX_ROWS == 2
+    x, w = _heavy(tk.DECODE_MAX_ROWS, 128, seed=3), _heavy(64, 128, seed=4)
     qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
     qw = type(qw)(**{f: (v.to(_DEV) if isinstance(v, torch.Tensor) else v) for f, v in vars(qw).items()})
     backend = tk.TritonBackend(_DEV)
@@ -192,22 +193,26 @@ def _check_backend_routing() -> None:
         @ quantize_nvfp4(w.cpu(), tile=(16, 16)).dequantize().double().t()
     )
     os.environ.pop("MINITE_TRITON_DECODE", None)
-    assert tk.decode_mode() == "off" and backend.quantize(x, spec.a).qs_decode is None  # opt-in for now
-    backend.clear_cache()
-    os.environ["MINITE_TRITON_DECODE"] = "auto"
+    assert tk.decode_mode() == "auto"  # the default
     qx = backend.quantize(x, spec.a)
-    assert qx.qs_decode is not None and qx.deq is None  # decode-sized: qs laid out for the decode kernel
+    assert qx.qs_decode is not None and qx.deq is None  # decode-sized: the codes as the pair kernel's words
+    assert qx.qs_decode.shape == (x.shape[0], 8, x.shape[1] // 16) and qx.qs_decode.dtype == torch.int32
     y = backend.qgemm_nt(None, None, spec.a, spec.b, a_quantized=qx, b_quantized=qw, out_dtype=torch.float32)
     *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
     direct = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32)
-    assert _rel(direct, y) < 1e-6  # same products; the x_perm kernel sums in its own order
+    assert _rel(direct, y) < 1e-6  # same products; the pair kernel sums each block exactly, then in FP32
     # the decode-sized quantized activation is a complete NVFP4 tensor for every other consumer
     assert torch.equal(
         qx.dequantize(torch.float32).cpu(), quantize_nvfp4(x.cpu(), scaling="per_token").dequantize()
     )
     assert _rel(ref, y) < 1e-5
     try:
+        backend.clear_cache()  # three rows: the GEMM path, not the decode kernel
+        x3 = _heavy(tk.DECODE_MAX_ROWS + 1, 128, seed=5)
+        assert backend.quantize(x3, spec.a).qs_decode is None
         os.environ["MINITE_TRITON_DECODE"] = "off"
+        backend.clear_cache()
+        assert backend.quantize(x, spec.a).qs_decode is None
         backend.clear_cache()
         y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
         assert _rel(ref, y_off) < 1e-5

@@ -22,11 +22,12 @@
   TE's row-scaled GEMM semantics (``gemm.py``): cuBLAS then a scaling pass for BF16 outputs; one Triton
   kernel (FP32 end to end) for FP32 outputs and with ``exact_fused``.
   Both are checked against the FP32 reference GEMM (tests state the tolerances).
-- With ``MINITE_TRITON_DECODE=auto``, decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 1 per-token NVFP4
-  activation row against a per-tensor NVFP4 weight: batch-1 token-by-token generation) run the packed-FP4
-  decode kernel (``decode.py``): the activation is quantized by one launch that also lays ``qs`` out for
-  the kernel, and the weight is read packed (0.5625 bytes/parameter instead of BF16's 2), with the
-  ``exact`` semantics above. The default ``off`` sends them to the GEMM of ``MINITE_TRITON_GEMM``.
+- With ``MINITE_TRITON_DECODE=auto`` (the default), decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 2
+  per-token NVFP4 activation rows against a per-tensor NVFP4 weight: token-by-token generation of one or
+  two sequences) run the packed-FP4 pair kernel (``decode.py``, ``decode_linear_pairs``): the activation
+  is quantized by one launch that also writes its E2M1 codes as fp16 pair words, and the weight is read
+  packed (0.5625 bytes/parameter instead of BF16's 2), with the ``exact`` semantics above. ``off`` sends
+  them to the GEMM of ``MINITE_TRITON_GEMM``.
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
 
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
@@ -49,28 +50,26 @@ from minite_kernels.formats import NVFP4Tensor
 from minite_kernels.recipes import OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
-from .decode import decode_linear, quantize_for_decode
+from .decode import decode_linear, decode_linear_pairs, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-#: the decode kernel beats cuBLAS BF16 at batch 1 only (H200: Qwen3-4B block 1.22-1.32x, kernel alone); 2 rows
-#: already lose (0.92x)
-DECODE_MAX_ROWS = 1
+#: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization:
+#: 1.41x at batch 1, 1.23x at 2, 0.93x at 4; benchmarks/RESULTS.md)
+DECODE_MAX_ROWS = 2
 
 
 #: ``gemm_mode()``: ``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time)
 gemm_mode = EnvChoice("MINITE_TRITON_GEMM", GEMM_MODES, default="dequant")
 
 
-#: ``decode_mode()``: ``$MINITE_TRITON_DECODE``, ``off`` (default) or ``auto``. Off by default: the decode
-#: kernel and its one-launch activation quantizer pass their GPU tests, but with the quantization counted a
-#: batch-1 Qwen3-4B block is 0.86x cuBLAS BF16 on the H200 (benchmarks/RESULTS.md), no faster than the
-#: dequantized-weight GEMM it would replace; ``auto`` saves the BF16 weight copy's memory (4.5 instead of 16
-#: bits per weight read).
-decode_mode = EnvChoice("MINITE_TRITON_DECODE", DECODE_MODES, default="off")
+#: ``decode_mode()``: ``$MINITE_TRITON_DECODE``, ``auto`` (default) or ``off``. ``auto`` runs GEMMs of at most
+#: DECODE_MAX_ROWS activation rows on the packed pair kernel (faster than cuBLAS BF16 there, and than the
+#: dequantized-weight GEMM it replaces, which reads the 16-bit weight copy); ``off`` keeps them on that GEMM.
+decode_mode = EnvChoice("MINITE_TRITON_DECODE", DECODE_MODES, default="auto")
 
 
 @dataclass(repr=False)
@@ -81,7 +80,9 @@ class TritonNVFP4Tensor(NVFP4Tensor):
     qs: torch.Tensor | None = None
     deq: torch.Tensor | None = None
     qs_transient: bool = False
-    qs_decode: torch.Tensor | None = None  # qs in the decode kernel's plane-major layout [rows, 8, cols/8]
+    qs_decode: torch.Tensor | None = (
+        None  # E2M1 codes as the pair kernel's fp16 pair words [rows, 8, cols/16]
+    )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.deq is not None and dtype == torch.bfloat16:
@@ -328,8 +329,8 @@ class TritonBackend(Backend):
             and not spec.rht
             and x.stride(1) == 1
             and decode_mode() == "auto"
-        ):  # decode-sized activations: one launch also lays qs out for the packed decode kernel
-            out, qs_decode = quantize_for_decode(x)
+        ):  # decode-sized activations: one launch also writes the codes as the pair kernel's words
+            out, qs_decode = quantize_for_decode(x, pairs=True)
         else:
             want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
             out = quantize_nvfp4_triton(
@@ -373,8 +374,8 @@ class TritonBackend(Backend):
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
         if _decode_ok(qa, qb):
             if qa.qs_decode is not None:
-                return decode_linear(
-                    qa.qs_decode, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype, x_perm=True
+                return decode_linear_pairs(
+                    qa.qs_decode, qa.scales, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
                 )
             return decode_linear(
                 qa.exact_operand(), qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype

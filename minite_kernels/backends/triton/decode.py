@@ -15,21 +15,34 @@ on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnit
 chain of the first version (in git history; 1.2-1.3x slower at batch 1 on the H200 in the same activation
 order); the powers of two go to the epilogue.
 
-- FMA path (B <= 4): one 2-D fp32 accumulator per activation row, in the layout the weight words are loaded
-  in; the 8 nibble products of a word are summed, then multiplied by the word's block scale.
-- Tensor-core path (B > 4): ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16 (normal
-  range [2^-17, 21]) and ``qs_x`` is exact in fp16 (<= 5 significant bits, range [2^-10, 2688]); FP32
-  accumulation.
-- ``x_perm``: the activations in plane-major order ``[B, 8, K/8]`` (``permute_for_decode``, or written that
-  way directly by ``quantize_for_decode``, one launch), so nibble plane ``i`` meets a contiguous row.
+Two kernels share that decode:
+
+- ``decode_linear_pairs`` (what the backend runs, up to ``DECODE_MAX_ROWS`` = 2 rows): the activation comes
+  as its E2M1 codes in fp16 (``q_x``, exact) laid out as *pair words* ``[B, 8, K/16]`` int32
+  (``pairs_for_decode``; written by ``quantize_for_decode(x, pairs=True)`` in one launch). Nibbles ``j`` and
+  ``j + 4`` of a weight word are placed into the two fp16 halves of one register with one shift pair and
+  two logic ops, and meet the activation pair word with one packed ``fma.rn.f16x2`` (inline PTX). The 16
+  products of a block are summed in fp16 *exactly*: each lane adds 8 products ``(q_w 2^-14)(q_x)``, which
+  are multiples of 2^-16 with ``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below
+  ``8 * 36 * 4 = 1152 < 2048`` units, which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The
+  two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
+  only the accumulation over blocks rounds (fp32). About 4 instructions per weight and row instead of ~8.
+  Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
+- ``decode_linear`` (the first formulation, kept as the benchmark baseline and for batches > 4): FMA path
+  (B <= 4), one fp32 product per nibble; tensor-core path (B > 4), ``w16 = plane * (s * 2^7)`` is the
+  exact ``q * s_b * 2^-7`` in fp16 and ``qs_x`` is exact in fp16 (<= 5 significant bits, range
+  [2^-10, 2688]), FP32 accumulation. ``x_perm``: the activations in plane-major order ``[B, 8, K/8]``.
 - Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
   to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
-Measured on the H200 (benchmarks/RESULTS.md): at batch 1 the kernel alone reads a Qwen3-4B block 1.22-1.32x
-faster than cuBLAS BF16 (k/v projections ~3x, the large ones ~1x), 0.86x with the activation quantization;
-it reads the weight at ~1.2 TB/s, bound by the per-nibble decode/FMA issue rate, not memory. From 2 rows on it
-is slower than BF16, so the backend routes only single-row GEMMs here, and only with
-``MINITE_TRITON_DECODE=auto``.
+Measured on the H200 (benchmarks/RESULTS.md, Qwen3-4B block, CUDA graphs, activation quantization
+included): the pair kernel 1.41x cuBLAS BF16 at batch 1 (1.84x for the kernel alone), 1.23x at batch 2,
+0.93x at batch 4; the first formulation 0.81x / 0.63x / 0.56x. Per launch about 2.5 us are fixed latency,
+which the small projections (k/v: 1.5 MB of weights) cannot hide.
+
+Pair worked example: w = [6, -0.5, 0, 0, 1, 0, 0, 0] (codes 7, 9, 0, 0, 2, 0, 0, 0: word 0x00020097),
+x codes [1, 1, 0, 0, 2, 0, 0, 0]. Pair 0 meets (x0, x4) = (1, 2): lanes 6 * 2^-14 * 1 and 1 * 2^-14 * 2;
+pair 1 meets (x1, x5) = (1, 0): -0.5 * 2^-14; sum 7.5 * 2^-14 = (6 - 0.5 + 2) * 2^-14.
 
 Worked example: K = 16, x = w = ones: amax 1, s_b 448, q = 6 for both; acc = 16 * 2688²; y = 16.
 """
@@ -856,7 +869,7 @@ def decode_linear_pairs(
     block_kb: int | None = None,
     block_b: int | None = None,
     num_warps: int = 4,
-    stages: int = 1,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
     int32 [B, K/2], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
@@ -875,9 +888,15 @@ def decode_linear_pairs(
         return out
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
-    bn = block_n or 16
+    # defaults from the H200 sweep (scripts/bench_decode.py --sweep, benchmarks/RESULTS.md): weights under
+    # 16 M parameters are latency-bound, and narrower tiles with a 2-stage pipelined K loop win there;
+    # larger ones stream best in 16 x 32-block tiles without pipelining
+    narrow = n * k < (1 << 24) and (b <= 2 or n <= 2048)
+    bn = block_n or (8 if narrow else 16)
     kbt = k // 16
-    bkb = min(block_kb or 32, triton.next_power_of_2(kbt))
+    bkb = min(block_kb or (64 if narrow else 32), triton.next_power_of_2(kbt))
+    if stages is None:
+        stages = 2 if narrow else 1
     nblocks = triton.cdiv(n, bn)
     if split is None:
         target = 2 * _num_sms(x_pairs.device)
