@@ -139,15 +139,28 @@ def _row_partial(wd, s, x_ptr, r, K, kw, kmask, B, X_PERM: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(
-    res, r, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr
-):
-    """Row ``r`` of the output (or of this program's split-K partial)."""
+def _store_row(acc, r, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B,
+               BLOCK_B: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """Row ``r`` of the output (or of this program's split-K partial): its [BN, BKW] accumulator summed
+    along K, times ``post`` and the row's activation amax."""
     m = nmask & (r < B)
+    res = tl.sum(acc, axis=1) * post * tl.load(xamax_ptr + r, mask=r < B, other=0.0)
     if SPLIT == 1:
         tl.store(out_ptr + r * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=m)
     else:
         tl.store(part_ptr + (pid_k * BLOCK_B + r) * N + offs_n, res, mask=m)
+
+
+@triton.jit
+def _store_four_rows(a0, a1, a2, a3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B,
+                     BLOCK_B: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """The FMA paths' epilogue for their (up to) four activation rows."""
+    _store_row(a0, 0, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT)
+    if BLOCK_B > 1:
+        _store_row(a1, 1, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT)
+    if BLOCK_B > 2:
+        _store_row(a2, 2, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT)
+        _store_row(a3, 3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT)
 
 
 @triton.jit
@@ -266,10 +279,13 @@ def _decode_linear_kernel(
                 acc2 += _row_partial(wd, s, x_ptr, 2, K, kw, kmask, B, X_PERM)
                 acc3 += _row_partial(wd, s, x_ptr, 3, K, kw, kmask, B, X_PERM)
         post = wa * (4194304.0 * INV_2688_SQ_C)
-        xa0 = tl.load(xamax_ptr)
-        _store_rows(
-            tl.sum(acc0, axis=1) * post * xa0,
-            0,
+        _store_four_rows(
+            acc0,
+            acc1,
+            acc2,
+            acc3,
+            post,
+            xamax_ptr,
             out_ptr,
             part_ptr,
             offs_n,
@@ -280,50 +296,6 @@ def _decode_linear_kernel(
             BLOCK_B,
             SPLIT,
         )
-        if BLOCK_B > 1:
-            xa1 = tl.load(xamax_ptr + 1)
-            _store_rows(
-                tl.sum(acc1, axis=1) * post * xa1,
-                1,
-                out_ptr,
-                part_ptr,
-                offs_n,
-                nmask,
-                pid_k,
-                N,
-                B,
-                BLOCK_B,
-                SPLIT,
-            )
-        if BLOCK_B > 2:
-            xa2 = tl.load(xamax_ptr + 2, mask=B > 2, other=0.0)
-            _store_rows(
-                tl.sum(acc2, axis=1) * post * xa2,
-                2,
-                out_ptr,
-                part_ptr,
-                offs_n,
-                nmask,
-                pid_k,
-                N,
-                B,
-                BLOCK_B,
-                SPLIT,
-            )
-            xa3 = tl.load(xamax_ptr + 3, mask=B > 3, other=0.0)
-            _store_rows(
-                tl.sum(acc3, axis=1) * post * xa3,
-                3,
-                out_ptr,
-                part_ptr,
-                offs_n,
-                nmask,
-                pid_k,
-                N,
-                B,
-                BLOCK_B,
-                SPLIT,
-            )
     if SPLIT > 1:
         _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
@@ -527,54 +499,9 @@ def _decode_pairs_kernel(
             acc2 += _row_block_dots(hs, xp_ptr, xs_ptr, 2, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
             acc3 += _row_block_dots(hs, xp_ptr, xs_ptr, 3, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
     post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
-    xa0 = tl.load(xamax_ptr)
-    _store_rows(
-        tl.sum(acc0, axis=1) * post * xa0, 0, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
+    _store_four_rows(
+        acc0, acc1, acc2, acc3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
     )
-    if BLOCK_B > 1:
-        xa1 = tl.load(xamax_ptr + 1, mask=B > 1, other=0.0)
-        _store_rows(
-            tl.sum(acc1, axis=1) * post * xa1,
-            1,
-            out_ptr,
-            part_ptr,
-            offs_n,
-            nmask,
-            pid_k,
-            N,
-            B,
-            BLOCK_B,
-            SPLIT,
-        )
-    if BLOCK_B > 2:
-        xa2 = tl.load(xamax_ptr + 2, mask=B > 2, other=0.0)
-        _store_rows(
-            tl.sum(acc2, axis=1) * post * xa2,
-            2,
-            out_ptr,
-            part_ptr,
-            offs_n,
-            nmask,
-            pid_k,
-            N,
-            B,
-            BLOCK_B,
-            SPLIT,
-        )
-        xa3 = tl.load(xamax_ptr + 3, mask=B > 3, other=0.0)
-        _store_rows(
-            tl.sum(acc3, axis=1) * post * xa3,
-            3,
-            out_ptr,
-            part_ptr,
-            offs_n,
-            nmask,
-            pid_k,
-            N,
-            B,
-            BLOCK_B,
-            SPLIT,
-        )
     if SPLIT > 1:
         _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
 
@@ -592,6 +519,18 @@ def _workspace(device: torch.device, split: int, bb: int, n: int, nblocks: int):
         )
         _WORKSPACE[key] = ws
     return ws
+
+
+def _split_k(device: torch.device, split: int | None, programs: int, kt: int, bk: int) -> tuple[int, int]:
+    """(splits, K tiles per split): by default, split K in powers of two while the programs would not fill
+    two waves of SMs and every split keeps at least two K tiles of ``bk``."""
+    if split is None:
+        target = 2 * _num_sms(device)
+        split = 1
+        while programs * split < target and split < 16 and kt // (split * 2) >= 2 * bk:
+            split *= 2
+    per_split = triton.cdiv(triton.cdiv(kt, split), bk) * bk
+    return triton.cdiv(kt, per_split), per_split
 
 
 def decode_linear(
@@ -642,13 +581,7 @@ def decode_linear(
     kw = k // 8
     bkw = min(block_kw or ((32 if big else 16) if use_dot else 64), triton.next_power_of_2(kw))
     nblocks = triton.cdiv(n, bn)
-    if split is None:
-        target = 2 * _num_sms(x_qs.device)
-        split = 1
-        while nblocks * split < target and split < 16 and kw // (split * 2) >= 2 * bkw:
-            split *= 2
-    kw_per_split = triton.cdiv(triton.cdiv(kw, split), bkw) * bkw
-    split = triton.cdiv(kw, kw_per_split)
+    split, kw_per_split = _split_k(x_qs.device, split, nblocks, kw, bkw)
     part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
     _decode_linear_kernel[(nblocks, split)](
         x_qs,
@@ -898,13 +831,7 @@ def decode_linear_pairs(
     if stages is None:
         stages = 2 if narrow else 1
     nblocks = triton.cdiv(n, bn)
-    if split is None:
-        target = 2 * _num_sms(x_pairs.device)
-        split = 1
-        while nblocks * groups * split < target and split < 16 and kbt // (split * 2) >= 2 * bkb:
-            split *= 2
-    kb_per_split = triton.cdiv(triton.cdiv(kbt, split), bkb) * bkb
-    split = triton.cdiv(kbt, kb_per_split)
+    split, kb_per_split = _split_k(x_pairs.device, split, nblocks * groups, kbt, bkb)
     part, cnt = (
         _workspace(x_pairs.device, split, groups * bb, n, groups * nblocks) if split > 1 else (out, out)
     )
