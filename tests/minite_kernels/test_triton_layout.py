@@ -1,4 +1,5 @@
-"""The register layout Triton gives the BF16 quantize tiles, checked without a GPU (issue #6).
+"""The register layouts Triton gives hot kernels, checked without a GPU (issue #6): the BF16 quantize tiles,
+and the K loop of the pair decode kernel (at the end of the file).
 
 Triton's coalescing pass orders the tile axes by contiguity and breaks ties by axis index. When the tiles were
 row-major ``[rows, blocks, 4 words]``, the lanes of a warp therefore went down the rows
@@ -91,3 +92,73 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
     assert lanes == [32, 1, 1], (
         f"threadsPerWarp {lanes}: the lanes must span the blocks (axis 0), not the rows"
     )
+
+
+# --- the pair decode kernel (seventh session) -------------------------------------------------------------
+_PAIRS_TYPES = {
+    "xp_ptr": "*i32",
+    "xs_ptr": "*u8",
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+    "kb_per_split": "i32",
+}
+
+
+def _compile_pairs(constexprs: dict, warps: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from minite_kernels.backends.triton import decode as D
+
+    kernel = D._decode_pairs_kernel
+    names = kernel.arg_names
+    div16 = [n for n, t in _PAIRS_TYPES.items() if t.startswith("*")] + ["N", "K", "kb_per_split"]
+    src = ASTSource(
+        fn=kernel,
+        signature={n: _PAIRS_TYPES.get(n, "constexpr") for n in names},
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+        # what the launcher specializes for the model shapes: 16-byte aligned pointers, sizes divisible by 16
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in div16},
+    )
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm
+
+
+def _in_loop(ttgir: str, op: str) -> int:
+    """How many ``op`` lines sit inside ``scf.for`` bodies."""
+    depth, count = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and line.strip().startswith("scf.yield"):
+            depth -= 1
+        elif depth and op in line:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    "bn,bkb,bb,stages",
+    [(8, 64, 1, 2), (16, 32, 1, 1), (16, 32, 2, 1), (16, 32, 4, 1)],
+    ids=["narrow_b1_pipelined", "b1", "b2", "b4"],
+)
+def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
+    """The K loop of the pair kernel at the launch defaults: no layout conversion inside it. Loading each
+    block's 8 activation pair words as one [blocks, 8] tile and splitting it made Triton move the tile
+    through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md seventh
+    session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
+    (inline PTX) must reach the compiled code, and the 2-stage configuration must use asynchronous copies."""
+    asm = _compile_pairs(
+        dict(BLOCK_N=bn, BLOCK_KB=bkb, BLOCK_B=bb, SPLIT=1, INTERP=False, STAGES=stages), warps=4
+    )
+    ttgir, ptx = asm["ttgir"], asm["ptx"]
+    assert _in_loop(ttgir, "ttg.convert_layout") == 0
+    assert ptx.count("fma.rn.f16x2") >= 7 * bb  # 7 fused + 1 multiply per block and activation row
+    assert ("async_copy_global_to_local" in ttgir) == (stages > 1)

@@ -375,8 +375,8 @@ def _block_dot(h0, h1, h2, h3, h4, h5, h6, h7, x0, x1, x2, x3, x4, x5, x6, x7, I
 def _row_block_dots(
     hs, xp_ptr, xs_ptr, r, kb, kbmask, K, B, BN: tl.constexpr, BKB: tl.constexpr, INTERP: tl.constexpr
 ):
-    KB = K // 16
     """Row ``r``: Σ over each block of ``q_w 2^-14 · q_x`` (fp32 [BN, BKB], exact) times ``s_x 2^-8``."""
+    KB = K // 16
     m = kbmask & (r < B)
     xr = xp_ptr + r * (K // 2) + kb  # x as [B, 8, K/16]: pair word c of every block is a contiguous row
     x0 = tl.load(xr, mask=m, other=0)
