@@ -156,7 +156,8 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
     session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
     (inline PTX) must reach the compiled code, and the 2-stage configuration must use asynchronous copies."""
     asm = _compile_pairs(
-        dict(BLOCK_N=bn, BLOCK_KB=bkb, BLOCK_B=bb, SPLIT=1, INTERP=False, STAGES=stages), warps=4
+        {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages},
+        warps=4,
     )
     ttgir, ptx = asm["ttgir"], asm["ptx"]
     assert _in_loop(ttgir, "ttg.convert_layout") == 0
