@@ -1,13 +1,16 @@
 """What the decode kernels compile to, without a GPU (profiling aid for issue #6: why a kernel is slower than
 its memory traffic allows).
 
-Compiles ``decode._decode_linear_kernel`` for sm_90 with Triton's bundled ptxas (no device needed) and
-prints one JSON line per configuration: the number of ``ttg.convert_layout`` and ``ttg.local_alloc`` ops in
-the Triton GPU IR inside the main loop (each one a round trip through shared memory; the first FMA
-formulation had eight per iteration, which is what made it slow on the H200) and the PTX opcode mix. The
-launcher's specializations are mirrored (16-byte aligned pointers, N/K divisible by 16): without them the
-layouts differ from what the GPU run compiles. The TTGIR and PTX are written to
-``--out``.
+Compiles ``decode._decode_linear_kernel`` (the first formulation) and ``decode._decode_pairs_kernel`` (the
+fp16x2 pair kernel the backend runs) for sm_90 with Triton's bundled compiler (no device needed) and prints
+one JSON line per configuration:
+- the number of ``ttg.convert_layout`` / ``ttg.local_alloc`` ops inside the main loop of the Triton GPU IR
+  (each one a round trip through shared memory; the first FMA formulation had eight per iteration, which is
+  what made it slow on the H200);
+- the PTX opcode mix, and for the pair kernel the SASS instructions of the K loop by opcode (``nvdisasm``),
+  the number that bounds its issue rate.
+The launcher's specializations are mirrored (16-byte aligned pointers, N/K divisible by 16): without them
+the layouts differ from what the GPU run compiles. The TTGIR, PTX and SASS are written to ``--out``.
 
     python scripts/kernel_asm.py --out /tmp/kernel_asm [--arch 90]
 """
@@ -70,7 +73,92 @@ def _in_loop(ttgir: str, op: str) -> int:
     return count
 
 
-EVEN = False
+#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages): the launch defaults
+PAIR_CONFIGS = ((1, 8, 64, 4, 2), (1, 16, 32, 4, 1), (2, 16, 32, 4, 1), (4, 16, 32, 4, 1))
+_PAIR_TYPES = {
+    "xp_ptr": "*i32",
+    "xs_ptr": "*u8",
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+    "kb_per_split": "i32",
+}
+
+
+def _compile(kern, types: dict, const: dict, warps: int, arch: int, split_arg: str):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kern.arg_names
+    sig = {n: types.get(n, "constexpr") for n in names}
+    # what the JIT launcher specializes for the benchmark shapes: 16-byte aligned pointers, N, K and the
+    # split length divisible by 16
+    div16 = [n for n, t in types.items() if t.startswith("*")] + ["N", "K", split_arg]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
+    src = ASTSource(
+        fn=kern, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs
+    )
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+
+
+def _sass_loop_mix(cubin: bytes, path: str) -> dict:
+    """SASS opcodes between the first loop label and its backward branch (``nvdisasm`` bundled with
+    Triton); empty when the disassembler is missing."""
+    import subprocess
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with open(path + ".cubin", "wb") as f:
+        f.write(cubin)
+    try:
+        sass = subprocess.run(
+            [tool, "-c", path + ".cubin"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    with open(path + ".sass", "w") as f:
+        f.write(sass)
+    labels = re.findall(r"^(\.L_x_\d+):", sass, flags=re.MULTILINE)
+    ops = collections.Counter()
+    for label in labels:  # the loop body starts at the label its backward branch targets
+        start = sass.index(label + ":")
+        end = sass.find(f"BRA `({label})", start)
+        if end < 0:
+            continue
+        for line in sass[start:end].splitlines():
+            m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", line)
+            if m:
+                ops[m.group(1)] += 1
+        break
+    return {"total": sum(ops.values()), **dict(ops.most_common(12))}
+
+
+def _report(ck, name: str, args, sass: bool = False) -> None:
+    for ext in ("ttgir", "ptx"):
+        with open(os.path.join(args.out, f"{name}.{ext}"), "w") as f:
+            f.write(ck.asm.get(ext, "") or "")
+    ttgir = ck.asm.get("ttgir") or ""
+    rec = {
+        "kernel": name,
+        "arch": args.arch,
+        "convert_layouts_in_loop": _in_loop(ttgir, "ttg.convert_layout"),
+        "shared_stores_in_loop": _in_loop(ttgir, "ttg.local_alloc"),
+        "convert_layouts_total": ttgir.count("ttg.convert_layout"),
+        "shared_mem_bytes": getattr(ck.metadata, "shared", None),
+        "ptx_mix": _ptx_mix(ck.asm.get("ptx") or ""),
+    }
+    if sass and ck.asm.get("cubin"):
+        rec["sass_loop"] = _sass_loop_mix(ck.asm["cubin"], os.path.join(args.out, name))
+    print(json.dumps(rec), flush=True)
 
 
 def main() -> int:
@@ -79,14 +167,8 @@ def main() -> int:
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability to compile for (90: Hopper)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from minite_kernels.backends.triton import decode as dec
 
-    kern = dec._decode_linear_kernel
-    names = kern.arg_names
     for bb, bn, bkw, warps, perm, use_dot, one_dot in CONFIGS:
         const = {
             "BLOCK_N": bn,
@@ -98,34 +180,12 @@ def main() -> int:
             "X_PERM": perm,
             "ONE_DOT": one_dot,
         }
-        sig = {n: _TYPES.get(n, "constexpr") for n in names}
-        # what the JIT launcher specializes for the benchmark shapes: 16-byte aligned pointers, N, K and the
-        # split length divisible by 16
-        div16 = [n for n, t in _TYPES.items() if t.startswith("*")] + ["N", "K", "kw_per_split"]
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
-        src = ASTSource(
-            fn=kern, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs
-        )
-        ck = triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options={"num_warps": warps})
-        name = f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}"
-        for ext in ("ttgir", "ptx"):
-            with open(os.path.join(args.out, f"{name}.{ext}"), "w") as f:
-                f.write(ck.asm.get(ext, "") or "")
-        ttgir = ck.asm.get("ttgir") or ""
-        print(
-            json.dumps(
-                {
-                    "kernel": name,
-                    "arch": args.arch,
-                    "convert_layouts_in_loop": _in_loop(ttgir, "ttg.convert_layout"),
-                    "shared_stores_in_loop": _in_loop(ttgir, "ttg.local_alloc"),
-                    "convert_layouts_total": ttgir.count("ttg.convert_layout"),
-                    "shared_mem_bytes": getattr(ck.metadata, "shared", None),
-                    "ptx_mix": _ptx_mix(ck.asm.get("ptx") or ""),
-                }
-            ),
-            flush=True,
-        )
+        ck = _compile(dec._decode_linear_kernel, _TYPES, const, warps, args.arch, "kw_per_split")
+        _report(ck, f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}", args)
+    for bb, bn, bkb, warps, stages in PAIR_CONFIGS:
+        const = {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages}
+        ck = _compile(dec._decode_pairs_kernel, _PAIR_TYPES, const, warps, args.arch, "kb_per_split")
+        _report(ck, f"pairs_b{bb}_{bn}x{bkb}w{warps}s{stages}", args, sass=True)
     return 0
 
 
