@@ -247,6 +247,23 @@ def _check_bad_input() -> None:
         tk.decode_linear(x, a, w8, s8, a[:1], x_perm=True)
     with pytest.raises(ValueError, match="K=48"):
         tk.decode_linear(torch.zeros(2, 48, dtype=torch.bfloat16, device=_DEV), a, w8, s8, a[:1])
+    # the pair kernel: x as int32 pair words [B, 8, K/16] with matching scales and amax
+    from minite_kernels.backends.triton.decode import decode_linear_pairs
+
+    xp = torch.zeros(2, 8, 2, dtype=torch.int32, device=_DEV)  # K = 32
+    xs = torch.zeros(2, 2, dtype=torch.uint8, device=_DEV)
+    with pytest.raises(ValueError, match=r"pair words \[B, 8, K/16\]"):
+        decode_linear_pairs(xp.view(2, 16, 1), xs, a, w8, s8, a[:1])
+    with pytest.raises(ValueError, match=r"pair words .*got torch.float32"):
+        decode_linear_pairs(xp.float(), xs, a, w8, s8, a[:1])
+    with pytest.raises(ValueError, match=r"expected \[N, 16\]"):
+        decode_linear_pairs(xp, xs, a, torch.zeros(8, 8, dtype=torch.uint8, device=_DEV), s8, a[:1])
+    with pytest.raises(ValueError, match=r"x_scales has shape \(2, 1\), expected \(2, 2\)"):
+        decode_linear_pairs(xp, xs[:, :1].contiguous(), a, w8, s8, a[:1])
+    with pytest.raises(ValueError, match=r"w_scales has shape \(8, 1\), expected \(8, 2\)"):
+        decode_linear_pairs(xp, xs, a, w8, s8[:, :1].contiguous(), a[:1])
+    with pytest.raises(ValueError, match="x_amax has 1 values for 2 rows"):
+        decode_linear_pairs(xp, xs, a[:1], w8, s8, a[:1])
 
 
 if torch.cuda.is_available():

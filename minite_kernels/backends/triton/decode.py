@@ -805,17 +805,28 @@ def decode_linear_pairs(
     stages: int | None = None,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
-    int32 [B, K/2], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
+    int32 [B, 8, K/16], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
     (``x_amax`` fp32 [B]), against a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales``
     [N, K/16], ``w_amax`` [1])."""
+    if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
+        raise ValueError(
+            "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
+            f"got {x_pairs.dtype} {tuple(x_pairs.shape)}"
+        )
     b, k = x_pairs.shape[0], 16 * x_pairs.shape[2]
     n = w_data.shape[0]
-    if k % 16 or not w_data.is_contiguous() or not x_pairs.is_contiguous() or not x_scales.is_contiguous():
-        raise ValueError(f"decode_linear_pairs needs K % 16 == 0 and contiguous operands; got K={k}")
-    if w_data.shape[1] * 2 != k:
+    if not (w_data.is_contiguous() and x_pairs.is_contiguous() and x_scales.is_contiguous()):
+        raise ValueError("decode_linear_pairs needs contiguous x_pairs, x_scales and w_data")
+    if w_data.dim() != 2 or w_data.shape[1] * 2 != k:
         raise ValueError(
-            f"decode_linear_pairs: x has K={k} but the packed weight {tuple(w_data.shape)} has K={2 * w_data.shape[1]}"
+            f"decode_linear_pairs: x has K={k} but the packed weight has shape {tuple(w_data.shape)} "
+            f"(expected [N, {k // 2}])"
         )
+    for name, t, want in (("x_scales", x_scales, (b, k // 16)), ("w_scales", w_scales, (n, k // 16))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"decode_linear_pairs: {name} has shape {tuple(t.shape)}, expected {want}")
+    if x_amax.numel() != b:
+        raise ValueError(f"decode_linear_pairs: x_amax has {x_amax.numel()} values for {b} rows")
     out = torch.empty((b, n), dtype=out_dtype, device=x_pairs.device)
     if b == 0 or n == 0:
         return out
