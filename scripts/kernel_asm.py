@@ -23,6 +23,8 @@ import json
 import os
 import re
 
+from minite_kernels.backends.triton.offline import DECODE_PAIRS_TYPES, compile_offline, ops_in_loop
+
 #: the activations as the backend passes them (``quantize_for_decode`` writes fp16 ``qs``)
 X_DTYPE = "*fp16"
 #: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
@@ -60,53 +62,10 @@ def _ptx_mix(ptx: str) -> dict:
     return dict(ops.most_common(16))
 
 
-def _in_loop(ttgir: str, op: str) -> int:
-    """How many ``op`` lines sit inside ``scf.for`` bodies."""
-    depth, count = 0, 0
-    for line in ttgir.splitlines():
-        if "scf.for" in line:
-            depth += 1
-        elif depth and line.strip().startswith("scf.yield"):
-            depth -= 1
-        elif depth and op in line:
-            count += 1
-    return count
-
-
+#: integer arguments the launcher specializes as divisible by 16 at the benchmark shapes
+_DIV16 = ("N", "K")
 #: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages): the launch defaults
 PAIR_CONFIGS = ((1, 8, 64, 4, 2), (1, 16, 32, 4, 1), (2, 16, 32, 4, 1), (4, 16, 32, 4, 1))
-_PAIR_TYPES = {
-    "xp_ptr": "*i32",
-    "xs_ptr": "*u8",
-    "xamax_ptr": "*fp32",
-    "w_ptr": "*i32",
-    "ws_ptr": "*u8",
-    "wamax_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "part_ptr": "*fp32",
-    "cnt_ptr": "*i32",
-    "B": "i32",
-    "N": "i32",
-    "K": "i32",
-    "kb_per_split": "i32",
-}
-
-
-def _compile(kern, types: dict, const: dict, warps: int, arch: int, split_arg: str):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = kern.arg_names
-    sig = {n: types.get(n, "constexpr") for n in names}
-    # what the JIT launcher specializes for the benchmark shapes: 16-byte aligned pointers, N, K and the
-    # split length divisible by 16
-    div16 = [n for n, t in types.items() if t.startswith("*")] + ["N", "K", split_arg]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
-    src = ASTSource(
-        fn=kern, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs
-    )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
 
 def _sass_loop_mix(cubin: bytes, path: str) -> dict:
@@ -145,19 +104,19 @@ def _sass_loop_mix(cubin: bytes, path: str) -> dict:
 def _report(ck, name: str, args, sass: bool = False) -> None:
     for ext in ("ttgir", "ptx"):
         with open(os.path.join(args.out, f"{name}.{ext}"), "w") as f:
-            f.write(ck.asm.get(ext, "") or "")
-    ttgir = ck.asm.get("ttgir") or ""
+            f.write(ck.get(ext, "") or "")
+    ttgir = ck.get("ttgir") or ""
     rec = {
         "kernel": name,
         "arch": args.arch,
-        "convert_layouts_in_loop": _in_loop(ttgir, "ttg.convert_layout"),
-        "shared_stores_in_loop": _in_loop(ttgir, "ttg.local_alloc"),
+        "convert_layouts_in_loop": ops_in_loop(ttgir, "ttg.convert_layout"),
+        "shared_stores_in_loop": ops_in_loop(ttgir, "ttg.local_alloc"),
         "convert_layouts_total": ttgir.count("ttg.convert_layout"),
-        "shared_mem_bytes": getattr(ck.metadata, "shared", None),
-        "ptx_mix": _ptx_mix(ck.asm.get("ptx") or ""),
+        "shared_mem_bytes": ck.get("shared"),
+        "ptx_mix": _ptx_mix(ck.get("ptx") or ""),
     }
-    if sass and ck.asm.get("cubin"):
-        rec["sass_loop"] = _sass_loop_mix(ck.asm["cubin"], os.path.join(args.out, name))
+    if sass and ck.get("cubin"):
+        rec["sass_loop"] = _sass_loop_mix(ck["cubin"], os.path.join(args.out, name))
     print(json.dumps(rec), flush=True)
 
 
@@ -180,11 +139,25 @@ def main() -> int:
             "X_PERM": perm,
             "ONE_DOT": one_dot,
         }
-        ck = _compile(dec._decode_linear_kernel, _TYPES, const, warps, args.arch, "kw_per_split")
+        ck = compile_offline(
+            dec._decode_linear_kernel,
+            _TYPES,
+            const,
+            warps=warps,
+            arch=args.arch,
+            divisible_by_16=_DIV16 + ("kw_per_split",),
+        )
         _report(ck, f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}", args)
     for bb, bn, bkb, warps, stages in PAIR_CONFIGS:
         const = {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages}
-        ck = _compile(dec._decode_pairs_kernel, _PAIR_TYPES, const, warps, args.arch, "kb_per_split")
+        ck = compile_offline(
+            dec._decode_pairs_kernel,
+            DECODE_PAIRS_TYPES,
+            const,
+            warps=warps,
+            arch=args.arch,
+            divisible_by_16=_DIV16 + ("kb_per_split",),
+        )
         _report(ck, f"pairs_b{bb}_{bn}x{bkb}w{warps}s{stages}", args, sass=True)
     return 0
 

@@ -18,6 +18,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from minite_kernels.backends.triton import quantize_bf16 as Q
+from minite_kernels.backends.triton.offline import DECODE_PAIRS_TYPES, compile_offline, ops_in_loop
 
 _TOKEN_TYPES = {
     "xw_ptr": "*i32",
@@ -37,18 +38,7 @@ _FLAGS = {"WRITE_QS": False, "WRITE_DEQ": False, "RNE_INT": False}
 
 
 def _ttgir(kernel, types: dict, constexprs: dict, warps: int) -> str:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = kernel.arg_names
-    src = ASTSource(
-        fn=kernel,
-        signature={n: types.get(n, "constexpr") for n in names},
-        constexprs={(names.index(n),): v for n, v in constexprs.items()},
-        # what the launcher specializes: 16-byte aligned pointers
-        attrs={(names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")},
-    )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ttgir"]
+    return compile_offline(kernel, types, constexprs, warps=warps)["ttgir"]
 
 
 def _load_tile_lanes(ttgir: str) -> list[int]:
@@ -95,53 +85,6 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
 
 
 # --- the pair decode kernel (seventh session) -------------------------------------------------------------
-_PAIRS_TYPES = {
-    "xp_ptr": "*i32",
-    "xs_ptr": "*u8",
-    "xamax_ptr": "*fp32",
-    "w_ptr": "*i32",
-    "ws_ptr": "*u8",
-    "wamax_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "part_ptr": "*fp32",
-    "cnt_ptr": "*i32",
-    "B": "i32",
-    "N": "i32",
-    "K": "i32",
-    "kb_per_split": "i32",
-}
-
-
-def _compile_pairs(constexprs: dict, warps: int):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from minite_kernels.backends.triton import decode as D
-
-    kernel = D._decode_pairs_kernel
-    names = kernel.arg_names
-    div16 = [n for n, t in _PAIRS_TYPES.items() if t.startswith("*")] + ["N", "K", "kb_per_split"]
-    src = ASTSource(
-        fn=kernel,
-        signature={n: _PAIRS_TYPES.get(n, "constexpr") for n in names},
-        constexprs={(names.index(n),): v for n, v in constexprs.items()},
-        # what the launcher specializes for the model shapes: 16-byte aligned pointers, sizes divisible by 16
-        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in div16},
-    )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm
-
-
-def _in_loop(ttgir: str, op: str) -> int:
-    """How many ``op`` lines sit inside ``scf.for`` bodies."""
-    depth, count = 0, 0
-    for line in ttgir.splitlines():
-        if "scf.for" in line:
-            depth += 1
-        elif depth and line.strip().startswith("scf.yield"):
-            depth -= 1
-        elif depth and op in line:
-            count += 1
-    return count
 
 
 @pytest.mark.parametrize(
@@ -155,11 +98,16 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
     through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md seventh
     session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
     (inline PTX) must reach the compiled code, and the 2-stage configuration must use asynchronous copies."""
-    asm = _compile_pairs(
+    from minite_kernels.backends.triton import decode as D
+
+    asm = compile_offline(
+        D._decode_pairs_kernel,
+        DECODE_PAIRS_TYPES,
         {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages},
-        warps=4,
+        # what the launcher specializes for the model shapes: sizes divisible by 16
+        divisible_by_16=("N", "K", "kb_per_split"),
     )
     ttgir, ptx = asm["ttgir"], asm["ptx"]
-    assert _in_loop(ttgir, "ttg.convert_layout") == 0
+    assert ops_in_loop(ttgir, "ttg.convert_layout") == 0
     assert ptx.count("fma.rn.f16x2") >= 7 * bb  # 7 fused + 1 multiply per block and activation row
     assert ("async_copy_global_to_local" in ttgir) == (stages > 1)

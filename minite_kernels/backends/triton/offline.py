@@ -1,0 +1,74 @@
+"""Compile the backend's kernels for a GPU that is not here, and read what came out (issue #6 tooling).
+
+Triton picks register layouts from axis order and contiguity; a harmless-looking change of tile shape can
+move a hot loop's data through shared memory while every byte test still passes. ``compile_offline`` runs
+Triton's bundled compiler for a target architecture (sm_90 by default) without a device, with the
+launcher's specializations mirrored (16-byte aligned pointers, chosen integer arguments divisible by 16), so
+CPU tests (``tests/minite_kernels/test_triton_layout.py``) and ``scripts/kernel_asm.py`` see the layouts the
+GPU run compiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+#: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
+DECODE_PAIRS_TYPES = {
+    "xp_ptr": "*i32",
+    "xs_ptr": "*u8",
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+    "kb_per_split": "i32",
+}
+
+
+def compile_offline(
+    kernel,
+    types: dict[str, str],
+    constexprs: dict[str, object],
+    *,
+    warps: int = 4,
+    arch: int = 90,
+    divisible_by_16: Iterable[str] = (),
+) -> dict:
+    """``kernel``'s compiled artefacts (``ttgir``, ``ptx``, ``cubin``, ...) for CUDA compute capability
+    ``arch``. Arguments missing from ``types`` are constexprs; pointers are specialized as 16-byte aligned,
+    and so are the integer arguments named in ``divisible_by_16``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    div16 = [n for n, t in types.items() if t.startswith("*")] + list(divisible_by_16)
+    src = ASTSource(
+        fn=kernel,
+        signature={n: types.get(n, "constexpr") for n in names},
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in div16},
+    )
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return dict(compiled.asm, shared=getattr(compiled.metadata, "shared", None))
+
+
+def ops_in_loop(ttgir: str, op: str) -> int:
+    """How many ``op`` lines of a Triton GPU IR listing sit inside ``scf.for`` bodies."""
+    depth, count = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and line.strip().startswith("scf.yield"):
+            depth -= 1
+        elif depth and op in line:
+            count += 1
+    return count
+
+
+__all__ = ["DECODE_PAIRS_TYPES", "compile_offline", "ops_in_loop"]
