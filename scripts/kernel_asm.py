@@ -23,10 +23,13 @@ import json
 import os
 import re
 
-from minite_kernels.backends.triton.offline import DECODE_PAIRS_TYPES, compile_offline, ops_in_loop
+from minite_kernels.backends.triton.offline import (
+    DECODE_PAIRS_TYPES,
+    DECODE_PLANES_TYPES,
+    compile_offline,
+    ops_in_loop,
+)
 
-#: the activations as the backend passes them (``quantize_for_decode`` writes fp16 ``qs``)
-X_DTYPE = "*fp16"
 #: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
 CONFIGS = (
     (1, 8, 64, 4, True, False, False),
@@ -37,20 +40,6 @@ CONFIGS = (
     (16, 128, 32, 4, True, True, False),
     (64, 128, 32, 4, True, True, True),
 )
-_TYPES = {
-    "x_ptr": X_DTYPE,
-    "xamax_ptr": "*fp32",
-    "w_ptr": "*i32",
-    "ws_ptr": "*u8",
-    "wamax_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "part_ptr": "*fp32",
-    "cnt_ptr": "*i32",
-    "B": "i32",
-    "N": "i32",
-    "K": "i32",
-    "kw_per_split": "i32",
-}
 
 
 def _ptx_mix(ptx: str) -> dict:
@@ -141,7 +130,7 @@ def main() -> int:
         }
         ck = compile_offline(
             dec._decode_linear_kernel,
-            _TYPES,
+            DECODE_PLANES_TYPES,
             const,
             warps=warps,
             arch=args.arch,

@@ -12,6 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+#: argument types of ``decode._decode_linear_kernel`` (the first decode formulation), with the activations as
+#: ``quantize_for_decode`` writes them (fp16 ``qs``)
+DECODE_PLANES_TYPES = {
+    "x_ptr": "*fp16",
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+    "kw_per_split": "i32",
+}
 #: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
 DECODE_PAIRS_TYPES = {
     "xp_ptr": "*i32",
@@ -71,4 +87,4 @@ def ops_in_loop(ttgir: str, op: str) -> int:
     return count
 
 
-__all__ = ["DECODE_PAIRS_TYPES", "compile_offline", "ops_in_loop"]
+__all__ = ["DECODE_PAIRS_TYPES", "DECODE_PLANES_TYPES", "compile_offline", "ops_in_loop"]
