@@ -207,6 +207,16 @@ def _check_backend_routing() -> None:
     )
     assert _rel(ref, y) < 1e-5
     try:
+        backend.clear_cache()  # a ROCm build (no PTX): the GEMM path, not the decode kernel
+        from minite_kernels.backends.triton import backend as tb
+
+        tb.PAIR_KERNEL_OK = False
+        try:
+            assert backend.quantize(x, spec.a).qs_decode is None
+            y_rocm = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+            assert _rel(ref, y_rocm) < 1e-5
+        finally:
+            tb.PAIR_KERNEL_OK = True
         backend.clear_cache()  # three rows: the GEMM path, not the decode kernel
         x3 = _heavy(tk.DECODE_MAX_ROWS + 1, 128, seed=5)
         assert backend.quantize(x3, spec.a).qs_decode is None

@@ -60,6 +60,9 @@ DECODE_MODES = ("auto", "off")
 #: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization:
 #: 1.41x at batch 1, 1.23x at 2, 0.93x at 4; benchmarks/RESULTS.md)
 DECODE_MAX_ROWS = 2
+#: the pair kernel's products are inline NVIDIA PTX (``fma.rn.f16x2``): on a ROCm build of torch the
+#: decode-sized GEMMs stay on the GEMM path
+PAIR_KERNEL_OK = torch.version.hip is None
 
 
 #: ``gemm_mode()``: ``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time)
@@ -329,6 +332,7 @@ class TritonBackend(Backend):
             and not spec.rht
             and x.stride(1) == 1
             and decode_mode() == "auto"
+            and PAIR_KERNEL_OK
         ):  # decode-sized activations: one launch also writes the codes as the pair kernel's words
             out, qs_decode = quantize_for_decode(x, pairs=True)
         else:
@@ -402,6 +406,7 @@ def _decode_ok(qa, qb) -> bool:
         and qb.data.is_contiguous()
         and kernel_device_ok(qb.data)
         and decode_mode() == "auto"
+        and PAIR_KERNEL_OK
     )
 
 
