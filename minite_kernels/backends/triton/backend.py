@@ -27,7 +27,8 @@
   two sequences) run the packed-FP4 pair kernel (``decode.py``, ``decode_linear_pairs``): the activation
   is quantized by one launch that also writes its E2M1 codes as fp16 pair words, and the weight is read
   packed (0.5625 bytes/parameter instead of BF16's 2), with the ``exact`` semantics above. ``off`` sends
-  them to the GEMM of ``MINITE_TRITON_GEMM``.
+  them to the GEMM of ``MINITE_TRITON_GEMM``, and so does a ROCm build of torch (``PAIR_KERNEL_OK``: the
+  kernel's packed products are inline NVIDIA PTX).
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
 
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
