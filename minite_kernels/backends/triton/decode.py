@@ -28,7 +28,8 @@ Two kernels share that decode:
   two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
   only the accumulation over blocks rounds (fp32). About 4 instructions per weight and row instead of ~8.
   Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
-- ``decode_linear`` (the first formulation, kept as the benchmark baseline and for batches > 4): FMA path
+- ``decode_linear`` (the first formulation: the benchmark baseline, and the backend's kernel for decode-sized
+  activations quantized without pair words, e.g. with stochastic rounding): FMA path
   (B <= 4), one fp32 product per nibble; tensor-core path (B > 4), ``w16 = plane * (s * 2^7)`` is the
   exact ``q * s_b * 2^-7`` in fp16 and ``qs_x`` is exact in fp16 (<= 5 significant bits, range
   [2^-10, 2688]), FP32 accumulation. ``x_perm``: the activations in plane-major order ``[B, 8, K/8]``.
