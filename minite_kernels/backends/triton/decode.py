@@ -26,7 +26,8 @@ Two kernels share that decode:
   are multiples of 2^-16 with ``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below
   ``8 * 36 * 4 = 1152 < 2048`` units, which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The
   two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
-  only the accumulation over blocks rounds (fp32). About 4 instructions per weight and row instead of ~8.
+  only the accumulation over blocks rounds (fp32). About 4 SASS instructions per weight and row in the K loop
+  at batch 1, against ~9 for the first formulation (scripts/kernel_asm.py).
   Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
 - ``decode_linear`` (the first formulation: the benchmark baseline, and the backend's kernel for decode-sized
   activations quantized without pair words, e.g. with stochastic rounding): FMA path
