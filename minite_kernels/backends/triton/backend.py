@@ -59,7 +59,7 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
 #: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization:
-#: 1.41x at batch 1, 1.23x at 2, 0.93x at 4; benchmarks/RESULTS.md)
+#: 1.61x at batch 1, 1.29x at 2, 0.97x at 4; benchmarks/RESULTS.md)
 DECODE_MAX_ROWS = 2
 #: the pair kernel's products are inline NVIDIA PTX (``fma.rn.f16x2``): on a ROCm build of torch the
 #: decode-sized GEMMs stay on the GEMM path

@@ -38,8 +38,8 @@ Two kernels share that decode:
   to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
 Measured on the H200 (benchmarks/RESULTS.md, Qwen3-4B block, CUDA graphs, activation quantization
-included): the pair kernel 1.41x cuBLAS BF16 at batch 1 (1.84x for the kernel alone), 1.23x at batch 2,
-0.93x at batch 4; the first formulation 0.81x / 0.63x / 0.56x. Per launch about 2.5 us are fixed latency,
+included): the pair kernel 1.61x cuBLAS BF16 at batch 1 (2.16x for the kernel alone), 1.29x at batch 2,
+0.97x at batch 4; the first formulation 0.87x / 0.64x / 0.58x. Per launch about 2.5 us are fixed latency,
 which the small projections (k/v: 1.5 MB of weights) cannot hide.
 
 Pair worked example: w = [6, -0.5, 0, 0, 1, 0, 0, 0] (codes 7, 9, 0, 0, 2, 0, 0, 0: word 0x00020097),
