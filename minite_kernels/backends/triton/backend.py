@@ -84,9 +84,8 @@ class TritonNVFP4Tensor(NVFP4Tensor):
     qs: torch.Tensor | None = None
     deq: torch.Tensor | None = None
     qs_transient: bool = False
-    qs_decode: torch.Tensor | None = (
-        None  # E2M1 codes as the pair kernel's fp16 pair words [rows, 8, cols/16]
-    )
+    #: the E2M1 codes as the pair decode kernel's fp16 pair words [rows, 8, cols/16] (decode-sized inputs)
+    qs_decode: torch.Tensor | None = None
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.deq is not None and dtype == torch.bfloat16:
