@@ -8,7 +8,7 @@ microseconds long) for
 - ``pairs_gemv_us`` / ``planes_gemv_us``: the kernel alone on already-quantized activations;
 and the ratios ``speedup_pairs = bf16_us / pairs_us`` (target 2.0). ``--sweep`` adds the pair kernel's
 launch configurations. Each case also checks the two kernels against each other (``rel_pairs_vs_planes``:
-the same products, summed in another order) before timing them.
+the same products; their FP32 sums may run in another order) before timing them.
 
     python scripts/bench_decode.py [--batches 1,2,4,8,16] [--sweep] [--out decode.jsonl]
 """
