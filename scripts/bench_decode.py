@@ -6,9 +6,17 @@ microseconds long) for
 - ``bf16_us``: ``F.linear`` on the BF16 weight;
 - ``pairs_us`` / ``planes_us``: what the backend runs, one activation-quantize launch plus the kernel;
 - ``pairs_gemv_us`` / ``planes_gemv_us``: the kernel alone on already-quantized activations;
-and the ratios ``speedup_pairs = bf16_us / pairs_us`` (target 2.0). ``--sweep`` adds the pair kernel's
-launch configurations. Each case also checks the two kernels against each other (``rel_pairs_vs_planes``:
-the same products; their FP32 sums may run in another order) before timing them.
+and the ratios ``speedup_pairs = bf16_us / pairs_us`` (target 2.0). ``pairs_nopdl_us`` is ``pairs_us`` with
+programmatic dependent launch off (``pdl=False``). ``--sweep`` adds the pair kernel's launch configurations.
+Each case also checks the two kernels against each other (``rel_pairs_vs_planes``: the same products; their
+FP32 sums may run in another order) and PDL on against off (``pdl_equal``) before timing them.
+
+Then, per batch, the whole block as one CUDA graph (``decode_pairs_chain``), in the model's launch order:
+q/k/v share one activation quantization, o one, gate/up one, down one (the backend quantizes a shared input
+once), and a small non-PDL kernel (``sep``, standing for the norm/attention/SiLU between the groups) before
+each group, in both the BF16 and the NVFP4 graph, so that no PDL overlap crosses a group boundary that the
+model does not have. ``speedup_chain = (bf16_chain_us - sep_us) / (pairs_chain_us - sep_us)`` with
+``sep_us`` the four separators alone; ``speedup_chain_with_sep`` keeps them in.
 
     python scripts/bench_decode.py [--batches 1,2,4,8,16] [--sweep] [--out decode.jsonl]
 """
@@ -51,6 +59,50 @@ def _us(fn, rep: int) -> float:
     return 1e3 * float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
+#: the block's linears grouped by shared input, in the model's order
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+
+def _chain(b: int, weights: dict, rep: int, g: torch.Generator) -> dict:
+    """The Qwen3-4B block's 7 linears at batch ``b`` as one CUDA graph each way (see the module docstring)."""
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
+
+    ks = {name: w.shape[1] for name, (w, _) in weights.items()}
+    xs = [torch.randn(b, ks[grp[0]], device="cuda", dtype=torch.bfloat16, generator=g) for grp in GROUPS]
+    sep_buf = torch.zeros(b, 2560, device="cuda", dtype=torch.bfloat16)
+
+    def sep():
+        sep_buf.add_(1.0)
+
+    def bf16():
+        for x, grp in zip(xs, GROUPS):
+            sep()
+            for name in grp:
+                F.linear(x, weights[name][0])
+
+    def nvfp4(pdl):
+        outs = []
+        for x, grp in zip(xs, GROUPS):
+            sep()
+            o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
+            for name in grp:
+                outs.append(decode_linear_pairs(xp, o.scales, o.amax, *weights[name][1], pdl=pdl))
+        return outs
+
+    same = all(torch.equal(a, c) for a, c in zip(nvfp4(False), nvfp4(True)))
+    rec = {"bench": "decode_pairs_chain", "case": f"qwen3_4b_block_chain_b{b}", "batch": b, "pdl_equal": same}
+    rec["sep_us"] = _us(lambda: [sep() for _ in GROUPS], rep)
+    rec["bf16_chain_us"] = _us(bf16, rep)
+    rec["pairs_chain_nopdl_us"] = _us(lambda: nvfp4(False), rep)
+    rec["pairs_chain_us"] = _us(lambda: nvfp4(None), rep)
+    net = rec["bf16_chain_us"] - rec["sep_us"]
+    rec["speedup_chain"] = net / (rec["pairs_chain_us"] - rec["sep_us"])
+    rec["speedup_chain_nopdl"] = net / (rec["pairs_chain_nopdl_us"] - rec["sep_us"])
+    rec["speedup_chain_with_sep"] = rec["bf16_chain_us"] / rec["pairs_chain_us"]
+    rec["target_speedup"] = 2.0
+    return rec
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", default="1,2,4,8,16")
@@ -70,6 +122,7 @@ def main() -> int:
 
     batches = [int(b) for b in args.batches.split(",")]
     totals: dict[tuple[int, str], float] = {}
+    weights: dict[str, tuple] = {}
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, n, k in QWEN3_4B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
@@ -83,14 +136,15 @@ def main() -> int:
                 o, xp = quantize_for_decode(x)
                 return decode_linear(xp, o.amax, wd, ws, wa, x_perm=True)
 
-            def pairs():
-                o, xp = quantize_for_decode(x, pairs=True)
-                return decode_linear_pairs(xp, o.scales, o.amax, wd, ws, wa)
+            def pairs(pdl=None):
+                o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
+                return decode_linear_pairs(xp, o.scales, o.amax, wd, ws, wa, pdl=pdl)
 
             y_pl = decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True, out_dtype=torch.float32)
             y_pr = decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, out_dtype=torch.float32)
             rel = float((y_pr.double() - y_pl.double()).norm() / y_pl.double().norm())
-            planes(), pairs()
+            planes()
+            pdl_equal = torch.equal(pairs(pdl=False), pairs(pdl=True))
             torch.cuda.synchronize()
             rec = {
                 "bench": "decode_pairs",
@@ -99,9 +153,11 @@ def main() -> int:
                 "N": n,
                 "K": k,
                 "rel_pairs_vs_planes": rel,
+                "pdl_equal": pdl_equal,
                 "bf16_us": _us(lambda: F.linear(x, w), args.rep),
                 "planes_us": _us(planes, args.rep),
                 "pairs_us": _us(pairs, args.rep),
+                "pairs_nopdl_us": _us(lambda: pairs(pdl=False), args.rep),
                 "planes_gemv_us": _us(lambda: decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True), args.rep),
                 "pairs_gemv_us": _us(
                     lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa), args.rep
@@ -126,12 +182,16 @@ def main() -> int:
             rec["speedup_planes"] = rec["bf16_us"] / rec["planes_us"]
             rec["target_speedup"] = 2.0
             emit(rec)
-            for key in ("bf16_us", "planes_us", "pairs_us", "pairs_gemv_us"):
+            for key in ("bf16_us", "planes_us", "pairs_us", "pairs_nopdl_us", "pairs_gemv_us"):
                 totals[(b, key)] = totals.get((b, key), 0.0) + rec[key]
+        weights[name] = (w, (wd, ws, wa))
+    for b in batches:
+        emit(_chain(b, weights, args.rep, g))
     for b in batches:
         rec = {"bench": "decode_pairs_block", "case": f"qwen3_4b_block_b{b}", "batch": b}
         rec.update({key: v for (bb, key), v in totals.items() if bb == b})
         rec["speedup_pairs"] = rec["bf16_us"] / rec["pairs_us"]
+        rec["speedup_pairs_nopdl"] = rec["bf16_us"] / rec["pairs_nopdl_us"]
         rec["speedup_planes"] = rec["bf16_us"] / rec["planes_us"]
         rec["speedup_pairs_gemv_only"] = rec["bf16_us"] / rec["pairs_gemv_us"]
         emit(rec)

@@ -20,6 +20,16 @@ _IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _pdl_here() -> bool:
+    from minite_kernels.backends.triton._common import pdl_capable
+
+    return _DEV == "cuda" and pdl_capable(torch.empty(0, device=_DEV))
+
+
+#: programmatic dependent launch available (sm_90+, not the interpreter): the PDL variants are compared too
+_PDL = _pdl_here()
+
+
 def _heavy(m: int, k: int, seed: int) -> torch.Tensor:
     """Rows and columns spread over ~2^±6: exercises E4M3-subnormal block scales and E2M1 code 0.5."""
     g = torch.Generator().manual_seed(seed)
@@ -101,6 +111,11 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
         qx = quantize_nvfp4(x[:b].cpu(), scaling="per_token")
         ref = qx.dequantize().double() @ qw.dequantize().double().t()
         out, xp = quantize_for_decode(x[:b], pairs=True)
+        if _PDL:
+            for pdl in (False, True):
+                out_p, xp_p = quantize_for_decode(x[:b], pairs=True, pdl=pdl)
+                assert torch.equal(xp_p, xp) and torch.equal(out_p.data, out.data)
+                assert torch.equal(out_p.scales.view(torch.uint8), out.scales.view(torch.uint8))
         codes = e2m1_decode(unpack_nibbles(qx.data), torch.float16)
         assert torch.equal(xp.cpu(), pairs_for_decode(codes))  # bit patterns, signed zeros included
         assert torch.equal(out.data.cpu(), qx.data)
@@ -117,11 +132,55 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                 }
                 y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
                 assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
+                if _PDL:  # programmatic dependent launch changes when the kernel starts, not what it computes
+                    for pdl in (False, True):
+                        yp = decode_linear_pairs(
+                            xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, pdl=pdl, **kw
+                        )
+                        assert torch.equal(yp, y), (b, split, bn, bkb, bb, pdl)
                 yb = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.bfloat16, **kw)
                 if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
                     assert _rel(ref, yb) < 8e-3
                 else:  # the FP32 result, rounded once to nearest-even
                     assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
+
+
+def _check_pdl_chain() -> None:
+    """Three dependent linears (each one's output is the next one's input; the middle one small enough for
+    split-K), quantize + pair kernel each, captured in one CUDA graph with programmatic dependent launch:
+    every launch may start while its predecessor runs, so a read of the activations before
+    ``griddepcontrol.wait`` would race. Replays must equal the same chain run eagerly without PDL, bit for
+    bit, also after the input changed between replays."""
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
+    from minite_kernels.formats import quantize_nvfp4
+
+    dims = (2560, 4096, 256, 2560)
+    ws = []
+    for i in range(3):
+        qw = quantize_nvfp4(_heavy(dims[i + 1], dims[i], seed=30 + i).cpu(), tile=(16, 16))
+        ws.append([t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)])
+    for b in (1, 2, 5):
+        x = _heavy(b, dims[0], seed=40 + b)
+
+        def chain(pdl):
+            h = x
+            for w in ws:
+                o, xp = quantize_for_decode(h, pairs=True, pdl=pdl)
+                h = decode_linear_pairs(xp, o.scales, o.amax, *w, pdl=pdl)
+            return h
+
+        want = chain(False)
+        assert torch.equal(chain(True), want), b
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = chain(True)
+        for step in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, want), (b, step)
+            x.mul_(-0.5)  # a new input: the next replay must see it
+            want = chain(False)
 
 
 def _check_nonfinite() -> None:
@@ -220,6 +279,19 @@ def _check_backend_routing() -> None:
         backend.clear_cache()  # three rows: the GEMM path, not the decode kernel
         x3 = _heavy(tk.DECODE_MAX_ROWS + 1, 128, seed=5)
         assert backend.quantize(x3, spec.a).qs_decode is None
+        from minite_kernels.backends.triton._common import pdl_mode
+
+        backend.clear_cache()  # programmatic dependent launch (default on sm_90+) against off: the same bits
+        y_pdl = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+        os.environ["MINITE_TRITON_PDL"] = "off"
+        backend.clear_cache()
+        assert torch.equal(
+            backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32), y_pdl
+        )
+        os.environ["MINITE_TRITON_PDL"] = "never"
+        with pytest.raises(ValueError, match="MINITE_TRITON_PDL.*auto.*off"):
+            pdl_mode()
+        os.environ.pop("MINITE_TRITON_PDL")
         os.environ["MINITE_TRITON_DECODE"] = "off"
         backend.clear_cache()
         assert backend.quantize(x, spec.a).qs_decode is None
@@ -231,6 +303,7 @@ def _check_backend_routing() -> None:
             tk.decode_mode()
     finally:
         os.environ.pop("MINITE_TRITON_DECODE", None)
+        os.environ.pop("MINITE_TRITON_PDL", None)
 
 
 def _check_bad_input() -> None:
@@ -274,6 +347,9 @@ def _check_bad_input() -> None:
         decode_linear_pairs(xp, xs, a, w8, s8[:, :1].contiguous(), a[:1])
     with pytest.raises(ValueError, match="x_amax has 1 values for 2 rows"):
         decode_linear_pairs(xp, xs, a[:1], w8, s8, a[:1])
+    if not _PDL:  # asked for where it cannot run (the interpreter, a pre-Hopper GPU): an error, not a hang
+        with pytest.raises(ValueError, match="programmatic dependent launch needs .*compute capability 9.0"):
+            decode_linear_pairs(xp, xs, a, w8, s8, a[:1], pdl=True)
 
 
 if torch.cuda.is_available():
@@ -294,6 +370,11 @@ if torch.cuda.is_available():
             (16, 16, 1, 4, 3),
         )
         _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not _PDL, reason="programmatic dependent launch needs sm_90+ and Triton >= 3.3")
+    def test_decode_pairs_pdl_chain_gpu():
+        _check_pdl_chain()
 
     @pytest.mark.gpu
     def test_backend_routes_decode_gpu():

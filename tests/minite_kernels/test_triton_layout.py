@@ -111,3 +111,51 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
     assert ops_in_loop(ttgir, "ttg.convert_layout") == 0
     assert ptx.count("fma.rn.f16x2") >= 7 * bb  # 7 fused + 1 multiply per block and activation row
     assert ("async_copy_global_to_local" in ttgir) == (stages > 1)
+
+
+# --- programmatic dependent launch on the decode path (eighth session) -------------------------------------
+
+_PAIR_QUANT_TYPES = {
+    "x_ptr": "*bf16",
+    "xp_ptr": "*i32",
+    "data_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "amax_ptr": "*fp32",
+    "nonfinite_ptr": "*i1",
+    "K": "i32",
+    "stride_x": "i32",
+}
+
+
+def _first_global_access(ptx: str) -> int:
+    """Offset of the first global load or asynchronous copy into shared memory in a PTX listing."""
+    hits = [m.start() for m in re.finditer(r"\b(ld\.global|cp\.async\.(ca|cg)\.shared)", ptx)]
+    assert hits, "no global load in the PTX"
+    return min(hits)
+
+
+@pytest.mark.parametrize("split,bn,stages", [(1, 8, 2), (2, 16, 1)], ids=["one_split", "split_k"])
+def test_pair_decode_waits_before_reading(split, bn, stages):
+    """With ``PDL`` the pair kernel may start while the kernel that writes its activations still runs. Before
+    ``griddepcontrol.wait`` it may only prefetch its weights into L2 (one bulk prefetch for the weight bytes
+    and one for the scales per contiguous range: 2 with one split, 2 per row with split-K); every load comes
+    after the wait. Without ``PDL`` no grid dependency control is compiled at all."""
+    from minite_kernels.backends.triton import decode as D
+
+    cx = {"BLOCK_N": bn, "BLOCK_KB": 32, "BLOCK_B": 1, "SPLIT": split, "INTERP": False, "STAGES": stages}
+    ptx = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=True))["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)
+    prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)]
+    assert len(prefetches) == (2 if split == 1 else 2 * bn) and max(prefetches) < wait
+    off = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=False))["ptx"]
+    assert "griddepcontrol" not in off and "prefetch" not in off
+
+
+def test_pair_quantizer_waits_before_reading():
+    """The activation quantizer lets its dependent launch at once and reads ``x`` only after the wait."""
+    from minite_kernels.backends.triton import decode as D
+
+    ptx = compile_offline(D._pairs_act_quant_kernel, _PAIR_QUANT_TYPES, {"NB": 256, "CH": 32, "PDL": True})["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)

@@ -7,6 +7,8 @@ import warnings
 
 import torch
 
+from minite_kernels.envswitch import EnvChoice
+
 #: fp32 constants used by the kernels (the same values the reference ``minite_kernels.formats`` uses)
 FLT_MAX = 3.4028234663852886e38
 SIXTH = 0.1666666716337204  # fl(1/6): the fp32 nearest to 1/6
@@ -24,6 +26,36 @@ def interpret_mode() -> bool:
 def kernel_device_ok(x: torch.Tensor) -> bool:
     """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
     return x.is_cuda or (interpret_mode() and x.device.type == "cpu")
+
+
+PDL_MODES = ("auto", "off")
+#: ``pdl_mode()``: ``$MINITE_TRITON_PDL``, ``auto`` (default) or ``off``. ``auto`` launches the decode path's
+#: kernels with programmatic dependent launch where the GPU has it (sm_90+; not under the interpreter)
+pdl_mode = EnvChoice("MINITE_TRITON_PDL", PDL_MODES, default="auto")
+_PDL_CAPABLE: dict[int, bool] = {}
+
+
+def pdl_capable(x: torch.Tensor) -> bool:
+    """Whether ``x``'s device can launch kernels with programmatic dependent launch: a CUDA (not ROCm) GPU
+    of compute capability 9.0 or newer, Triton with grid dependency control, not the interpreter."""
+    if not x.is_cuda or torch.version.hip is not None or interpret_mode():
+        return False
+    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    ok = _PDL_CAPABLE.get(idx)
+    if ok is None:
+        try:
+            from triton.language.extra.cuda import gdc_wait  # noqa: F401
+
+            ok = torch.cuda.get_device_capability(idx)[0] >= 9
+        except ImportError:
+            ok = False
+        _PDL_CAPABLE[idx] = ok
+    return ok
+
+
+def pdl_enabled(x: torch.Tensor) -> bool:
+    """:func:`pdl_capable` and ``MINITE_TRITON_PDL=auto``."""
+    return pdl_capable(x) and pdl_mode() == "auto"
 
 
 def warn_once(key: str, message: str) -> None:

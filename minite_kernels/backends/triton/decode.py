@@ -55,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INV_2688_SQ, interpret_mode
+from ._common import INV_2688_SQ, interpret_mode, pdl_capable, pdl_enabled
 from .quantize import (
     FLT_MAX,
     SIXTH,
@@ -68,6 +68,18 @@ from .quantize import (
 )
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
+
+try:  # Hopper grid dependency control (PTX griddepcontrol), in Triton since 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: pdl_enabled() is False there, PDL never compiles
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
 
 
 @triton.jit
@@ -333,6 +345,27 @@ _BLOCK_DOT_ASM = tl.constexpr(
 )
 
 
+#: ``cp.async.bulk.prefetch.L2`` of ``$2`` bytes at address ``$1``, issued by thread 0 of the program only
+#: (skipped when ``$2 <= 0``). A prefetch moves no data into registers, so it cannot read a stale value:
+#: the loads after ``griddepcontrol.wait`` still read what the previous kernel wrote (the L2 is coherent)
+_PREFETCH_ASM = tl.constexpr(
+    "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.s32 q, $2, 0; "
+    "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }"
+)
+
+
+@triton.jit
+def _prefetch_l2(base, start, end):
+    """Ask the L2 for the bytes ``[start, end)`` after pointer ``base``, the range shrunk inward to 16-byte
+    boundaries as the bulk prefetch needs (no byte outside it is touched)."""
+    a = base.to(tl.int64)
+    lo = (a + start + 15) // 16 * 16
+    hi = (a + end) // 16 * 16
+    tl.inline_asm_elementwise(
+        _PREFETCH_ASM, "=r,l,r", [lo, (hi - lo).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
 @triton.jit
 def _half_lanes(v):
     """The two fp16 lanes of int32 words, as fp32."""
@@ -434,11 +467,16 @@ def _decode_pairs_kernel(
     SPLIT: tl.constexpr,
     INTERP: tl.constexpr,
     STAGES: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """Rows ``g*BLOCK_B ...`` (program axis 2) of ``y = x w^T`` for one BLOCK_N slice of the weight and one
     split of K: per 16-value block, the 8 fp16x2 products ``(q_w 2^-14)(q_x)`` summed exactly in fp16 (every
     partial sum is a multiple of 2^-16 below 1152 * 2^-16), then times ``s_w s_x 2^-16`` (exact in fp32) and
-    accumulated in fp32. The weight is decoded once for all BLOCK_B rows."""
+    accumulated in fp32. The weight is decoded once for all BLOCK_B rows.
+
+    ``PDL`` (programmatic dependent launch, sm_90+): the program lets the next kernel launch at once, asks
+    the L2 for its weight bytes and scales, and only then waits for the previous kernel (which wrote the
+    activations) to finish; every read of data that kernel may have written comes after the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     g = tl.program_id(2)
@@ -454,6 +492,21 @@ def _decode_pairs_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     kb_start = pid_k * kb_per_split
+    if PDL:
+        gdc_launch_dependents()
+        n0 = pid_n * BLOCK_N
+        if SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
+            n1 = tl.minimum(n0 + BLOCK_N, N)
+            _prefetch_l2(w_ptr, n0 * (K // 2), n1 * (K // 2))
+            _prefetch_l2(ws_ptr, n0 * KB, n1 * KB)
+        else:
+            kb1 = tl.minimum(kb_start + kb_per_split, KB)
+            for i in tl.static_range(BLOCK_N):
+                row = n0 + i
+                on = row < N
+                _prefetch_l2(w_ptr, row * (K // 2) + kb_start * 8, tl.where(on, row * (K // 2) + kb1 * 8, 0))
+                _prefetch_l2(ws_ptr, row * KB + kb_start, tl.where(on, row * KB + kb1, 0))
+        gdc_wait()
     wa = tl.load(wamax_ptr)
     acc0 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
@@ -675,12 +728,16 @@ def _pairs_act_quant_kernel(
     stride_x,
     NB: tl.constexpr,
     CH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Per-token NVFP4 quantization of activation row ``program_id(0)``, blocks ``CH * program_id(1) ...``:
     every program reads the whole row for its amax (L2-resident, a few KB), then encodes only its chunk, so a
     long row is spread over several SMs. Writes the packed bytes, scales, amax and nonfinite flag exactly as
     ``quantize_nvfp4_triton``, plus the E2M1 codes as fp16 pair words ``[B, 8, K/16]``
     (``pairs_for_decode``), stored as int32 rows that are contiguous along the blocks."""
+    if PDL:  # let the decode kernel launch (and prefetch its weights) now; x is read after the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0)
     p = tl.program_id(1)
     KB = K // 16
@@ -721,7 +778,9 @@ def _pairs_act_quant_kernel(
         tl.store(nonfinite_ptr + r, bad)
 
 
-def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantOut, torch.Tensor]:
+def quantize_for_decode(
+    x: torch.Tensor, *, pairs: bool = False, pdl: bool | None = None
+) -> tuple[QuantOut, torch.Tensor]:
     """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
     K) for :func:`decode_linear`: the usual outputs (``data``, ``scales``, ``amax``, ``nonfinite``; bytes
     identical to ``quantize_nvfp4_triton(x, per_token=True)``) and ``qs`` already in the plane-major
@@ -729,7 +788,11 @@ def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantO
     it is exact like in bf16 (<= 5 significant bits, magnitudes in [2^-10, 2688]): the tensor-core path then
     feeds it to the MMA straight from its asynchronous copy into shared memory, instead of converting it in
     registers and storing it again (``scripts/kernel_asm.py``: 8 instead of 16 shared-memory stores per
-    loop iteration)."""
+    loop iteration).
+
+    ``pairs=True`` writes the pair words of :func:`decode_linear_pairs` instead of ``qs``; ``pdl`` (default:
+    :func:`pdl_enabled`) launches that kernel with programmatic dependent launch, so the decode kernel after
+    it can start (and prefetch its weights) while it runs."""
     b, k = x.shape
     if k % 16 or x.stride(1) != 1:
         raise ValueError(
@@ -761,6 +824,7 @@ def quantize_for_decode(x: torch.Tensor, *, pairs: bool = False) -> tuple[QuantO
                 NB=nb,
                 CH=ch,
                 num_warps=4 if nb <= 256 else 8,
+                **_pdl_launch(x, pdl),
             )
         return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), xp
     qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=dev)
@@ -805,11 +869,16 @@ def decode_linear_pairs(
     block_b: int | None = None,
     num_warps: int = 4,
     stages: int | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
     int32 [B, 8, K/16], :func:`pairs_for_decode`), their E4M3 block scales (``x_scales`` [B, K/16]) and amax
     (``x_amax`` fp32 [B]), against a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales``
-    [N, K/16], ``w_amax`` [1])."""
+    [N, K/16], ``w_amax`` [1]).
+
+    ``pdl`` (default: :func:`pdl_enabled`): programmatic dependent launch; the kernel prefetches its weight
+    slice into L2 before it waits for the kernel that wrote the activations. The result does not depend
+    on it (the same arithmetic; every dependent read comes after the wait)."""
     if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
         raise ValueError(
             "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
@@ -869,5 +938,17 @@ def decode_linear_pairs(
         INTERP=interpret_mode(),
         STAGES=stages,
         num_warps=num_warps,
+        **_pdl_launch(x_pairs, pdl),
     )
     return out
+
+
+def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:
+    """The PDL constexpr and launch option of a decode-path kernel on ``x``'s device."""
+    on = pdl_enabled(x) if pdl is None else bool(pdl)
+    if on and not pdl_capable(x):
+        raise ValueError(
+            "programmatic dependent launch needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3 "
+            f"(not the interpreter); pass pdl=None or False on {x.device}"
+        )
+    return {"PDL": True, "launch_pdl": True} if on else {}
