@@ -63,38 +63,73 @@ def _us(fn, rep: int) -> float:
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 
 
-def _chain(b: int, weights: dict, rep: int, g: torch.Generator) -> dict:
-    """The Qwen3-4B block's 7 linears at batch ``b`` as one CUDA graph each way (see the module docstring)."""
-    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
+#: the same block with q/k/v and gate/up concatenated into one weight each (how vLLM/SGLang store them)
+FUSED_GROUPS = (("qkv_proj",), ("o_proj",), ("gate_up_proj",), ("down_proj",))
 
+
+def _fuse(weights: dict) -> dict:
+    """``weights`` plus ``qkv_proj`` and ``gate_up_proj``: BF16 and packed weights concatenated along N (the
+    packed one keeps the first part's amax, so its values are for timing only)."""
+    out = dict(weights)
+    for fused, parts in (
+        ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+        ("gate_up_proj", ("gate_proj", "up_proj")),
+    ):
+        w = torch.cat([weights[p][0] for p in parts])
+        wd = torch.cat([weights[p][1][0] for p in parts])
+        ws = torch.cat([weights[p][1][1] for p in parts])
+        out[fused] = (w, (wd, ws, weights[parts[0]][1][2]))
+    return out
+
+
+def _chain(b: int, weights: dict, rep: int, g: torch.Generator, variants=(1,), fused: bool = False) -> dict:
+    """The Qwen3-4B block's 7 linears at batch ``b`` as one CUDA graph each way (see the module docstring)."""
+    from minite_kernels.backends.triton import decode as D
+
+    groups = FUSED_GROUPS if fused else GROUPS
     ks = {name: w.shape[1] for name, (w, _) in weights.items()}
-    xs = [torch.randn(b, ks[grp[0]], device="cuda", dtype=torch.bfloat16, generator=g) for grp in GROUPS]
+    xs = [torch.randn(b, ks[grp[0]], device="cuda", dtype=torch.bfloat16, generator=g) for grp in groups]
     sep_buf = torch.zeros(b, 2560, device="cuda", dtype=torch.bfloat16)
 
     def sep():
         sep_buf.add_(1.0)
 
     def bf16():
-        for x, grp in zip(xs, GROUPS):
+        for x, grp in zip(xs, groups):
             sep()
             for name in grp:
                 F.linear(x, weights[name][0])
 
     def nvfp4(pdl):
         outs = []
-        for x, grp in zip(xs, GROUPS):
+        for x, grp in zip(xs, groups):
             sep()
-            o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
+            o, xp = D.quantize_for_decode(x, pairs=True, pdl=pdl)
             for name in grp:
-                outs.append(decode_linear_pairs(xp, o.scales, o.amax, *weights[name][1], pdl=pdl))
+                outs.append(D.decode_linear_pairs(xp, o.scales, o.amax, *weights[name][1], pdl=pdl))
         return outs
 
     same = all(torch.equal(a, c) for a, c in zip(nvfp4(False), nvfp4(True)))
-    rec = {"bench": "decode_pairs_chain", "case": f"qwen3_4b_block_chain_b{b}", "batch": b, "pdl_equal": same}
-    rec["sep_us"] = _us(lambda: [sep() for _ in GROUPS], rep)
+    tag = "fused_" if fused else ""
+    rec = {
+        "bench": "decode_pairs_chain",
+        "case": f"qwen3_4b_block_{tag}chain_b{b}",
+        "batch": b,
+        "pdl_equal": same,
+    }
+    rec["sep_us"] = _us(lambda: [sep() for _ in groups], rep)
     rec["bf16_chain_us"] = _us(bf16, rep)
     rec["pairs_chain_nopdl_us"] = _us(lambda: nvfp4(False), rep)
-    rec["pairs_chain_us"] = _us(lambda: nvfp4(None), rep)
+    default = D._PDL_VARIANT
+    try:
+        for v in variants:
+            D._PDL_VARIANT = v
+            rec[f"pairs_chain_pdl{v}_us"] = _us(lambda: nvfp4(None), rep)
+    finally:
+        D._PDL_VARIANT = default
+    rec["pairs_chain_us"] = (
+        rec[f"pairs_chain_pdl{default}_us"] if default in variants else _us(lambda: nvfp4(None), rep)
+    )
     net = rec["bf16_chain_us"] - rec["sep_us"]
     rec["speedup_chain"] = net / (rec["pairs_chain_us"] - rec["sep_us"])
     rec["speedup_chain_nopdl"] = net / (rec["pairs_chain_nopdl_us"] - rec["sep_us"])
@@ -109,6 +144,9 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--rep", type=int, default=100)
     p.add_argument("--out", default=None)
+    p.add_argument("--pdl-variants", default="1", help="decode._PDL_VARIANT values timed in the chain")
+    p.add_argument("--fused", action="store_true", help="also the chain with q/k/v and gate/up concatenated")
+    p.add_argument("--only-chain", action="store_true", help="skip the per-linear cases (weights only)")
     args = p.parse_args()
     from minite_kernels.backends.triton import quantize_nvfp4_triton
     from minite_kernels.backends.triton.decode import decode_linear, decode_linear_pairs, quantize_for_decode
@@ -127,7 +165,8 @@ def main() -> int:
     for name, n, k in QWEN3_4B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
         wd, ws, wa, *_ = quantize_nvfp4_triton(w, per_token=False, tile16=True)
-        for b in batches:
+        weights[name] = (w, (wd, ws, wa))
+        for b in batches if not args.only_chain else ():
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g)
             qo, xpl = quantize_for_decode(x)
             qp, xpr = quantize_for_decode(x, pairs=True)
@@ -184,9 +223,15 @@ def main() -> int:
             emit(rec)
             for key in ("bf16_us", "planes_us", "pairs_us", "pairs_nopdl_us", "pairs_gemv_us"):
                 totals[(b, key)] = totals.get((b, key), 0.0) + rec[key]
-        weights[name] = (w, (wd, ws, wa))
+    variants = tuple(int(v) for v in args.pdl_variants.split(","))
     for b in batches:
-        emit(_chain(b, weights, args.rep, g))
+        emit(_chain(b, weights, args.rep, g, variants))
+    if args.fused:
+        fused = _fuse(weights)
+        for b in batches:
+            emit(_chain(b, fused, args.rep, g, variants, fused=True))
+    if args.only_chain:
+        return 0
     for b in batches:
         rec = {"bench": "decode_pairs_block", "case": f"qwen3_4b_block_b{b}", "batch": b}
         rec.update({key: v for (bb, key), v in totals.items() if bb == b})

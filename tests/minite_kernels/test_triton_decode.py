@@ -132,7 +132,7 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                 }
                 y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
                 assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
-                if _PDL:  # programmatic dependent launch changes when the kernel starts, not what it computes
+                if _PDL and bn is None:  # PDL changes when the kernel starts, not what it computes
                     for pdl in (False, True):
                         yp = decode_linear_pairs(
                             xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, pdl=pdl, **kw

@@ -156,6 +156,8 @@ def test_pair_quantizer_waits_before_reading():
     """The activation quantizer lets its dependent launch at once and reads ``x`` only after the wait."""
     from minite_kernels.backends.triton import decode as D
 
-    ptx = compile_offline(D._pairs_act_quant_kernel, _PAIR_QUANT_TYPES, {"NB": 256, "CH": 32, "PDL": True})["ptx"]
+    ptx = compile_offline(D._pairs_act_quant_kernel, _PAIR_QUANT_TYPES, {"NB": 256, "CH": 32, "PDL": True})[
+        "ptx"
+    ]
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)

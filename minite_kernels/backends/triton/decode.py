@@ -493,9 +493,12 @@ def _decode_pairs_kernel(
     nmask = offs_n < N
     kb_start = pid_k * kb_per_split
     if PDL:
-        gdc_launch_dependents()
+        if PDL == 1 or PDL == 3:
+            gdc_launch_dependents()
         n0 = pid_n * BLOCK_N
-        if SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
+        if PDL == 3:
+            pass
+        elif SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
             n1 = tl.minimum(n0 + BLOCK_N, N)
             _prefetch_l2(w_ptr, n0 * (K // 2), n1 * (K // 2))
             _prefetch_l2(ws_ptr, n0 * KB, n1 * KB)
@@ -553,6 +556,8 @@ def _decode_pairs_kernel(
         if BLOCK_B > 2:
             acc2 += _row_block_dots(hs, xp_ptr, xs_ptr, 2, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
             acc3 += _row_block_dots(hs, xp_ptr, xs_ptr, 3, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+    if PDL == 2:
+        gdc_launch_dependents()
     post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
     _store_four_rows(
         acc0, acc1, acc2, acc3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
@@ -951,4 +956,9 @@ def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:
             "programmatic dependent launch needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3 "
             f"(not the interpreter); pass pdl=None or False on {x.device}"
         )
-    return {"PDL": True, "launch_pdl": True} if on else {}
+    return {"PDL": _PDL_VARIANT, "launch_pdl": True} if on else {}
+
+
+#: experiment knob (bench_decode.py --pdl-variants): 1 trigger at start + prefetch, 2 trigger after the K
+#: loop + prefetch, 3 trigger at start without prefetch, 4 no trigger (the next launch waits for the exit)
+_PDL_VARIANT = 1
