@@ -138,6 +138,79 @@ def _chain(b: int, weights: dict, rep: int, g: torch.Generator, variants=(1,), f
     return rec
 
 
+#: (BLOCK_N, BLOCK_KB, warps, pipeline stages) tried by --cold-sweep
+COLD_SWEEP = (
+    (8, 64, 4, 2),
+    (16, 32, 4, 1),
+    (16, 32, 4, 3),
+    (16, 64, 4, 2),
+    (16, 64, 4, 3),
+    (8, 64, 4, 3),
+    (8, 128, 4, 2),
+    (32, 32, 4, 3),
+    (16, 128, 8, 2),
+    (32, 64, 8, 2),
+    (8, 32, 4, 4),
+    (4, 128, 4, 2),
+)
+#: bytes of weights one cold measurement streams: 2.5x the H200's 50 MB L2, so no weight is re-read from L2
+COLD_BYTES = 128 << 20
+
+
+#: the cold sweep's shapes, fused first (v_proj and up_proj have k_proj's and gate_proj's shapes)
+COLD_SHAPES = ("qkv_proj", "gate_up_proj", "o_proj", "down_proj", "q_proj", "k_proj", "gate_proj")
+
+
+def _cold(fn_for_copy, copies: int, rep: int) -> float:
+    """Microseconds per call of ``fn_for_copy(c)`` when ``copies`` different weights are used in turn in
+    one graph (each weight leaves the L2 before it comes back)."""
+    return _us(lambda: [fn_for_copy(c) for c in range(copies)], rep) / copies
+
+
+def _cold_sweep(weights: dict, batches, rep: int, g: torch.Generator, emit) -> None:
+    """Per shape and batch: cuBLAS BF16 and the pair kernel's launch configurations on weights read from HBM
+    (``COLD_BYTES`` of distinct weight copies per graph), not from the L2 that a repeated 14 MB weight
+    stays in."""
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
+
+    for name in COLD_SHAPES:
+        w, packed = weights[name]
+        n, k = w.shape
+        pbytes = n * k // 2 + n * k // 16
+        cb = max(2, -(-COLD_BYTES // (2 * n * k)))
+        cp = max(2, -(-COLD_BYTES // pbytes))
+        ws_bf16 = [w] + [w.clone() for _ in range(cb - 1)]
+        ws_fp4 = [packed] + [tuple(t.clone() for t in packed) for _ in range(cp - 1)]
+        for b in batches:
+            x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g)
+            q, xp = quantize_for_decode(x, pairs=True)
+            rec = {"bench": "decode_pairs_cold", "case": f"{name}_{n}x{k}_b{b}", "batch": b, "N": n, "K": k}
+            rec["bf16_cold_us"] = _cold(lambda c: F.linear(x, ws_bf16[c]), cb, rep)
+            rec["pairs_cold_us"] = _cold(
+                lambda c: decode_linear_pairs(xp, q.scales, q.amax, *ws_fp4[c], pdl=False), cp, rep
+            )
+            sweep = {}
+            for bn, bkb, nw, st in COLD_SWEEP:
+                kw = {"block_n": bn, "block_kb": bkb, "num_warps": nw, "stages": st, "pdl": False}
+                try:
+                    sweep[f"{bn}x{bkb}w{nw}s{st}"] = _cold(
+                        lambda c: decode_linear_pairs(xp, q.scales, q.amax, *ws_fp4[c], **kw), cp, rep
+                    )
+                except Exception as e:  # a configuration that does not compile is reported, not fatal
+                    sweep[f"{bn}x{bkb}w{nw}s{st}"] = type(e).__name__
+            rec["pairs_cold_sweep_us"] = sweep
+            best = min((v, c) for c, v in sweep.items() if isinstance(v, float))
+            rec["best_config"], rec["best_us"] = best[1], best[0]
+            rec["pairs_cold_TBps"] = pbytes / rec["pairs_cold_us"] / 1e6
+            rec["best_TBps"] = pbytes / best[0] / 1e6
+            rec["bf16_cold_TBps"] = 2 * n * k / rec["bf16_cold_us"] / 1e6
+            rec["speedup_cold"] = rec["bf16_cold_us"] / rec["pairs_cold_us"]
+            rec["speedup_cold_best"] = rec["bf16_cold_us"] / best[0]
+            emit(rec)
+        del ws_bf16, ws_fp4
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", default="1,2,4,8,16")
@@ -147,6 +220,7 @@ def main() -> int:
     p.add_argument("--pdl-variants", default="1", help="decode._PDL_VARIANT values timed in the chain")
     p.add_argument("--fused", action="store_true", help="also the chain with q/k/v and gate/up concatenated")
     p.add_argument("--only-chain", action="store_true", help="skip the per-linear cases (weights only)")
+    p.add_argument("--cold-sweep", action="store_true", help="launch configurations on HBM-cold weights")
     args = p.parse_args()
     from minite_kernels.backends.triton import quantize_nvfp4_triton
     from minite_kernels.backends.triton.decode import decode_linear, decode_linear_pairs, quantize_for_decode
@@ -223,6 +297,9 @@ def main() -> int:
             emit(rec)
             for key in ("bf16_us", "planes_us", "pairs_us", "pairs_nopdl_us", "pairs_gemv_us"):
                 totals[(b, key)] = totals.get((b, key), 0.0) + rec[key]
+    if args.cold_sweep:
+        _cold_sweep(_fuse(weights), batches, 10, g, emit)
+        return 0
     variants = tuple(int(v) for v in args.pdl_variants.split(","))
     for b in batches:
         emit(_chain(b, weights, args.rep, g, variants))
