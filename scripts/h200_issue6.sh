@@ -8,7 +8,7 @@
 #   bash scripts/h200_issue6.sh optim    # whole GPU suite, AdamW with amax + weight sync fed by it, launch cost
 #   bash scripts/h200_issue6.sh layout   # quantize byte tests, tile-layout rooflines + sweeps, learner shapes, sync
 #   bash scripts/h200_issue6.sh decode   # whole GPU suite on the defaults (pair decode on), decode at batch 1-16
-#   bash scripts/h200_issue6.sh pdl      # decode tests (PDL on/off, graph chain), decode bench with the block chain
+#   bash scripts/h200_issue6.sh pdl      # decode tests (PDL on/off, graph chain), block chains, cold launch sweep
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -79,7 +79,10 @@ decode)  # the pair decode kernel (seventh session): every GPU test with it rout
 pdl)  # programmatic dependent launch on the decode path (eighth session)
     step decode_tests 240 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
         -p no:cacheprovider -rfE
-    step decode 300 python3 scripts/bench_decode.py --batches 1,2,4,16 --out "$out/decode.jsonl"
+    step chain 150 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
+        --out "$out/chain.jsonl"
+    step cold 120 python3 scripts/bench_decode.py --only-chain --cold-sweep --batches 1,2,4 \
+        --out "$out/cold.jsonl"
     ;;
 *)
     echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode|pdl" >&2

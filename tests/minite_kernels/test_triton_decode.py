@@ -368,6 +368,7 @@ if torch.cuda.is_available():
             (32, 64, 4, 8, 2),
             (16, 32, 2, 4, 4),
             (16, 16, 1, 4, 3),
+            (4, 128, 1, 4, 2),  # the long-K default at batch 1 (down_proj)
         )
         _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
 

@@ -18,7 +18,11 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from minite_kernels.backends.triton import quantize_bf16 as Q
-from minite_kernels.backends.triton.offline import DECODE_PAIRS_TYPES, compile_offline, ops_in_loop
+from minite_kernels.backends.triton.offline import (
+    DECODE_PAIRS_TYPES,
+    compile_offline,
+    moving_conversions_in_loop,
+)
 
 _TOKEN_TYPES = {
     "xw_ptr": "*i32",
@@ -89,11 +93,12 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
 
 @pytest.mark.parametrize(
     "bn,bkb,bb,stages",
-    [(8, 64, 1, 2), (16, 32, 1, 1), (16, 32, 2, 1), (16, 32, 4, 1)],
-    ids=["narrow_b1_pipelined", "b1", "b2", "b4"],
+    [(8, 64, 1, 3), (8, 64, 2, 3), (4, 128, 1, 2), (16, 32, 1, 1), (16, 32, 2, 1), (16, 32, 4, 1)],
+    ids=["narrow_b1_pipelined", "narrow_b2_pipelined", "long_k_b1", "b1", "b2", "b4"],
 )
 def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
-    """The K loop of the pair kernel at the launch defaults: no layout conversion inside it. Loading each
+    """The K loop of the pair kernel at the launch defaults: no layout conversion inside it that moves data
+    (the 4 x 128-block tiles keep one between register-equivalent layouts, which lowers to nothing). Loading each
     block's 8 activation pair words as one [blocks, 8] tile and splitting it made Triton move the tile
     through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md seventh
     session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
@@ -108,7 +113,7 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
         divisible_by_16=("N", "K", "kb_per_split"),
     )
     ttgir, ptx = asm["ttgir"], asm["ptx"]
-    assert ops_in_loop(ttgir, "ttg.convert_layout") == 0
+    assert moving_conversions_in_loop(ttgir) == []
     assert ptx.count("fma.rn.f16x2") >= 7 * bb  # 7 fused + 1 multiply per block and activation row
     assert ("async_copy_global_to_local" in ttgir) == (stages > 1)
 
@@ -161,3 +166,26 @@ def test_pair_quantizer_waits_before_reading():
     ]
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)
+
+
+def test_moving_conversions_tells_register_equivalent_layouts_apart():
+    """A 1-D layout into a slice of a parent that spreads the same way moves nothing; a parent that also
+    spreads threads along the sliced dimension, or a 2-D to 2-D conversion, moves data."""
+    ttgir = "\n".join(
+        [
+            "#a = #ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]}>",
+            "#p = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [1, 32], warpsPerCTA = [1, 4], "
+            "order = [1, 0]}>",
+            "#q = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [2, 16], warpsPerCTA = [1, 4], "
+            "order = [1, 0]}>",
+            "scf.for %i = %c0 to %n step %c1 {",
+            "  %0 = ttg.convert_layout %x : tensor<128xf16, #a> -> tensor<128xf16, #ttg.slice<{dim = 0, parent = #p}>>",
+            "  %1 = ttg.convert_layout %x : tensor<128xf16, #a> -> tensor<128xf16, #ttg.slice<{dim = 0, parent = #q}>>",
+            "  %2 = ttg.convert_layout %y : tensor<4x128xf32, #p> -> tensor<4x128xf32, #q>",
+            "  scf.yield",
+            "}",
+            "%3 = ttg.convert_layout %y : tensor<4x128xf32, #p> -> tensor<4x128xf32, #q>",
+        ]
+    )
+    moving = moving_conversions_in_loop(ttgir)
+    assert [m.split(" =")[0] for m in moving] == ["%1", "%2"]

@@ -493,12 +493,9 @@ def _decode_pairs_kernel(
     nmask = offs_n < N
     kb_start = pid_k * kb_per_split
     if PDL:
-        if PDL == 1 or PDL == 3:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         n0 = pid_n * BLOCK_N
-        if PDL == 3:
-            pass
-        elif SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
+        if SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
             n1 = tl.minimum(n0 + BLOCK_N, N)
             _prefetch_l2(w_ptr, n0 * (K // 2), n1 * (K // 2))
             _prefetch_l2(ws_ptr, n0 * KB, n1 * KB)
@@ -556,8 +553,6 @@ def _decode_pairs_kernel(
         if BLOCK_B > 2:
             acc2 += _row_block_dots(hs, xp_ptr, xs_ptr, 2, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
             acc3 += _row_block_dots(hs, xp_ptr, xs_ptr, 3, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
-    if PDL == 2:
-        gdc_launch_dependents()
     post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
     _store_four_rows(
         acc0, acc1, acc2, acc3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
@@ -803,6 +798,8 @@ def quantize_for_decode(
         raise ValueError(
             f"quantize_for_decode needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
         )
+    if pdl and not pairs:
+        raise ValueError("quantize_for_decode(pdl=True) launches the pair-word quantizer only: pass pairs=True")
     dev = x.device
     out = QuantOut(
         torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
@@ -908,15 +905,19 @@ def decode_linear_pairs(
         return out
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
-    # defaults from the H200 sweep (scripts/bench_decode.py --sweep, benchmarks/RESULTS.md): weights under
-    # 16 M parameters are latency-bound, and narrower tiles with a 2-stage pipelined K loop win there;
-    # larger ones stream best in 16 x 32-block tiles without pipelining
-    narrow = n * k < (1 << 24) and (b <= 2 or n <= 2048)
-    bn = block_n or (8 if narrow else 16)
+    # defaults from the H200 sweep on weights streamed from HBM (scripts/bench_decode.py --cold-sweep,
+    # benchmarks/RESULTS.md, eighth session): weights under 16 M parameters with at most 2048 rows (at most
+    # 4096 for one or two activation rows) are latency-bound, and narrow tiles with a 3-stage pipelined K
+    # loop win there; one activation row against a long K (down_proj) wants 4 x 128-block tiles; everything
+    # else streams best in 16 x 32-block tiles without pipelining
+    narrow = n * k < (1 << 24) and (n <= 2048 or (b <= 2 and n <= 4096))
+    long_k = not narrow and b == 1 and n <= 4096 and k >= 8192
+    cfg = (8, 64, 3) if narrow else (4, 128, 2) if long_k else (16, 32, 1)
+    bn = block_n or cfg[0]
     kbt = k // 16
-    bkb = min(block_kb or (64 if narrow else 32), triton.next_power_of_2(kbt))
+    bkb = min(block_kb or cfg[1], triton.next_power_of_2(kbt))
     if stages is None:
-        stages = 2 if narrow else 1
+        stages = cfg[2]
     nblocks = triton.cdiv(n, bn)
     split, kb_per_split = _split_k(x_pairs.device, split, nblocks * groups, kbt, bkb)
     part, cnt = (
@@ -956,9 +957,4 @@ def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:
             "programmatic dependent launch needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3 "
             f"(not the interpreter); pass pdl=None or False on {x.device}"
         )
-    return {"PDL": _PDL_VARIANT, "launch_pdl": True} if on else {}
-
-
-#: experiment knob (bench_decode.py --pdl-variants): 1 trigger at start + prefetch, 2 trigger after the K
-#: loop + prefetch, 3 trigger at start without prefetch, 4 no trigger (the next launch waits for the exit)
-_PDL_VARIANT = 1
+    return {"PDL": True, "launch_pdl": True} if on else {}

@@ -10,6 +10,7 @@ GPU run compiles.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 #: argument types of ``decode._decode_linear_kernel`` (the first decode formulation), with the activations as
@@ -87,4 +88,54 @@ def ops_in_loop(ttgir: str, op: str) -> int:
     return count
 
 
-__all__ = ["DECODE_PAIRS_TYPES", "DECODE_PLANES_TYPES", "compile_offline", "ops_in_loop"]
+_BLOCKED = re.compile(
+    r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], "
+    r"warpsPerCTA = \[([\d, ]+)\]",
+    re.M,
+)
+_CONVERT = re.compile(r"ttg\.convert_layout .*: tensor<[^,>]+, (#[\w.<>{}=, ]+?)> -> tensor<[^,>]+, (#.+)>")
+_SLICE = re.compile(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}")
+
+
+def _register_equivalent(src: str, dst: str, blocked: dict) -> bool:
+    """A 1-D blocked layout and a slice of a 2-D blocked parent that spread the elements over the same
+    threads the same way (the parent does not spread along the sliced dimension): a conversion between
+    them moves no data."""
+    m = _SLICE.match(dst)
+    if src not in blocked or m is None or m.group(2) not in blocked:
+        return False
+    dim, (p_spt, p_tpw, p_wpc) = int(m.group(1)), blocked[m.group(2)]
+    s_spt, s_tpw, s_wpc = blocked[src]
+    if len(s_spt) != 1 or len(p_spt) != 2 or p_tpw[dim] != 1 or p_wpc[dim] != 1:
+        return False
+    keep = 1 - dim
+    return (s_spt[0], s_tpw[0], s_wpc[0]) == (p_spt[keep], p_tpw[keep], p_wpc[keep])
+
+
+def moving_conversions_in_loop(ttgir: str) -> list[str]:
+    """The ``ttg.convert_layout`` lines inside ``scf.for`` bodies that move data between threads (through
+    shared memory or shuffles): all but those between register-equivalent layouts."""
+    blocked = {
+        m.group(1): tuple(tuple(int(v) for v in m.group(i).split(",")) for i in (2, 3, 4))
+        for m in _BLOCKED.finditer(ttgir)
+    }
+    depth, moving = 0, []
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and line.strip().startswith("scf.yield"):
+            depth -= 1
+        elif depth and "ttg.convert_layout" in line:
+            m = _CONVERT.search(line)
+            if m is None or not _register_equivalent(m.group(1), m.group(2), blocked):
+                moving.append(line.strip())
+    return moving
+
+
+__all__ = [
+    "DECODE_PAIRS_TYPES",
+    "DECODE_PLANES_TYPES",
+    "compile_offline",
+    "moving_conversions_in_loop",
+    "ops_in_loop",
+]
