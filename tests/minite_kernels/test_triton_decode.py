@@ -281,15 +281,16 @@ def _check_backend_routing() -> None:
         assert backend.quantize(x3, spec.a).qs_decode is None
         from minite_kernels.backends.triton._common import pdl_mode
 
-        backend.clear_cache()  # programmatic dependent launch (default on sm_90+) against off: the same bits
-        y_pdl = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
-        os.environ["MINITE_TRITON_PDL"] = "off"
+        assert pdl_mode() == "off"  # the default
+        backend.clear_cache()  # programmatic dependent launch (sm_90+) against none: the same bits
+        y_nopdl = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+        os.environ["MINITE_TRITON_PDL"] = "on"
         backend.clear_cache()
         assert torch.equal(
-            backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32), y_pdl
+            backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32), y_nopdl
         )
         os.environ["MINITE_TRITON_PDL"] = "never"
-        with pytest.raises(ValueError, match="MINITE_TRITON_PDL.*auto.*off"):
+        with pytest.raises(ValueError, match="MINITE_TRITON_PDL.*off.*on"):
             pdl_mode()
         os.environ.pop("MINITE_TRITON_PDL")
         os.environ["MINITE_TRITON_DECODE"] = "off"

@@ -28,10 +28,13 @@ def kernel_device_ok(x: torch.Tensor) -> bool:
     return x.is_cuda or (interpret_mode() and x.device.type == "cpu")
 
 
-PDL_MODES = ("auto", "off")
-#: ``pdl_mode()``: ``$MINITE_TRITON_PDL``, ``auto`` (default) or ``off``. ``auto`` launches the decode path's
-#: kernels with programmatic dependent launch where the GPU has it (sm_90+; not under the interpreter)
-pdl_mode = EnvChoice("MINITE_TRITON_PDL", PDL_MODES, default="auto")
+PDL_MODES = ("off", "on")
+#: ``pdl_mode()``: ``$MINITE_TRITON_PDL``, ``off`` (default) or ``on``. ``on`` launches the decode path's
+#: kernels with programmatic dependent launch where the GPU has it (sm_90+; not under the interpreter). Off
+#: by default: on the H200 it saved 4 us per Qwen3-4B block at batch 1 while the block's packed weights
+#: fit the L2, and nothing (batch 1) or 2-4 us less than nothing (batches 2-4) once they come from HBM
+#: (benchmarks/RESULTS.md, eighth session)
+pdl_mode = EnvChoice("MINITE_TRITON_PDL", PDL_MODES, default="off")
 _PDL_CAPABLE: dict[int, bool] = {}
 
 
@@ -54,8 +57,8 @@ def pdl_capable(x: torch.Tensor) -> bool:
 
 
 def pdl_enabled(x: torch.Tensor) -> bool:
-    """:func:`pdl_capable` and ``MINITE_TRITON_PDL=auto``."""
-    return pdl_capable(x) and pdl_mode() == "auto"
+    """:func:`pdl_capable` and ``MINITE_TRITON_PDL=on``."""
+    return pdl_capable(x) and pdl_mode() == "on"
 
 
 def warn_once(key: str, message: str) -> None:

@@ -878,9 +878,10 @@ def decode_linear_pairs(
     (``x_amax`` fp32 [B]), against a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2], ``w_scales``
     [N, K/16], ``w_amax`` [1]).
 
-    ``pdl`` (default: :func:`pdl_enabled`): programmatic dependent launch; the kernel prefetches its weight
-    slice into L2 before it waits for the kernel that wrote the activations. The result does not depend
-    on it (the same arithmetic; every dependent read comes after the wait)."""
+    ``pdl`` (default: :func:`pdl_enabled`, i.e. ``MINITE_TRITON_PDL=on`` on sm_90+): programmatic dependent
+    launch; the kernel lets the next one launch, prefetches its weight slice into L2, and only then waits
+    for the kernel that wrote the activations. The result does not depend on it (the same arithmetic;
+    every dependent read comes after the wait)."""
     if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
         raise ValueError(
             "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
