@@ -28,7 +28,8 @@
   is quantized by one launch that also writes its E2M1 codes as fp16 pair words, and the weight is read
   packed (0.5625 bytes/parameter instead of BF16's 2), with the ``exact`` semantics above. ``off`` sends
   them to the GEMM of ``MINITE_TRITON_GEMM``, and so does a ROCm build of torch (``PAIR_KERNEL_OK``: the
-  kernel's packed products are inline NVIDIA PTX).
+  kernel's packed products are inline NVIDIA PTX). ``MINITE_TRITON_PDL=on`` launches both kernels with
+  programmatic dependent launch on sm_90+ (``_common.pdl_mode``; off by default).
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
 
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
@@ -58,8 +59,8 @@ from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_t
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-#: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization:
-#: 1.61x at batch 1, 1.29x at 2, 0.97x at 4; benchmarks/RESULTS.md)
+#: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization,
+#: weights from HBM: 1.52x at batch 1, 1.43x at 2, 1.06x at 4; benchmarks/RESULTS.md, eighth session)
 DECODE_MAX_ROWS = 2
 #: the pair kernel's products are inline NVIDIA PTX (``fma.rn.f16x2``): on a ROCm build of torch the
 #: decode-sized GEMMs stay on the GEMM path
