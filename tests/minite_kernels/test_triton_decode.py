@@ -162,7 +162,7 @@ def _check_pdl_chain() -> None:
     for b in (1, 2, 5):
         x = _heavy(b, dims[0], seed=40 + b)
 
-        def chain(pdl):
+        def chain(pdl, x=x):
             h = x
             for w in ws:
                 o, xp = quantize_for_decode(h, pairs=True, pdl=pdl)

@@ -171,21 +171,20 @@ def test_pair_quantizer_waits_before_reading():
 def test_moving_conversions_tells_register_equivalent_layouts_apart():
     """A 1-D layout into a slice of a parent that spreads the same way moves nothing; a parent that also
     spreads threads along the sliced dimension, or a 2-D to 2-D conversion, moves data."""
-    ttgir = "\n".join(
-        [
-            "#a = #ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]}>",
-            "#p = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [1, 32], warpsPerCTA = [1, 4], "
-            "order = [1, 0]}>",
-            "#q = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [2, 16], warpsPerCTA = [1, 4], "
-            "order = [1, 0]}>",
-            "scf.for %i = %c0 to %n step %c1 {",
-            "  %0 = ttg.convert_layout %x : tensor<128xf16, #a> -> tensor<128xf16, #ttg.slice<{dim = 0, parent = #p}>>",
-            "  %1 = ttg.convert_layout %x : tensor<128xf16, #a> -> tensor<128xf16, #ttg.slice<{dim = 0, parent = #q}>>",
-            "  %2 = ttg.convert_layout %y : tensor<4x128xf32, #p> -> tensor<4x128xf32, #q>",
-            "  scf.yield",
-            "}",
-            "%3 = ttg.convert_layout %y : tensor<4x128xf32, #p> -> tensor<4x128xf32, #q>",
-        ]
-    )
+    one_d = "sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]"
+    rows = "sizePerThread = [1, 1], threadsPerWarp = [1, 32], warpsPerCTA = [1, 4], order = [1, 0]"
+    two_rows = "sizePerThread = [1, 1], threadsPerWarp = [2, 16], warpsPerCTA = [1, 4], order = [1, 0]"
+    vec, tile = "tensor<128xf16", "tensor<4x128xf32"
+    ttgir = f"""#a = #ttg.blocked<{{{one_d}}}>
+#p = #ttg.blocked<{{{rows}}}>
+#q = #ttg.blocked<{{{two_rows}}}>
+scf.for %i = %c0 to %n step %c1 {{
+  %0 = ttg.convert_layout %x : {vec}, #a> -> {vec}, #ttg.slice<{{dim = 0, parent = #p}}>>
+  %1 = ttg.convert_layout %x : {vec}, #a> -> {vec}, #ttg.slice<{{dim = 0, parent = #q}}>>
+  %2 = ttg.convert_layout %y : {tile}, #p> -> {tile}, #q>
+  scf.yield
+}}
+%3 = ttg.convert_layout %y : {tile}, #p> -> {tile}, #q>
+"""
     moving = moving_conversions_in_loop(ttgir)
     assert [m.split(" =")[0] for m in moving] == ["%1", "%2"]

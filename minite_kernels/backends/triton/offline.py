@@ -91,7 +91,7 @@ def ops_in_loop(ttgir: str, op: str) -> int:
 _BLOCKED = re.compile(
     r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], "
     r"warpsPerCTA = \[([\d, ]+)\]",
-    re.M,
+    re.MULTILINE,
 )
 _CONVERT = re.compile(r"ttg\.convert_layout .*: tensor<[^,>]+, (#[\w.<>{}=, ]+?)> -> tensor<[^,>]+, (#.+)>")
 _SLICE = re.compile(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}")
