@@ -53,8 +53,9 @@ def _ptx_mix(ptx: str) -> dict:
 
 #: integer arguments the launcher specializes as divisible by 16 at the benchmark shapes
 _DIV16 = ("N", "K")
-#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages): the launch defaults
-PAIR_CONFIGS = ((1, 8, 64, 4, 2), (1, 16, 32, 4, 1), (2, 16, 32, 4, 1), (4, 16, 32, 4, 1))
+#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages): the launch defaults (narrow,
+#: long K, and 16 x 32 at 1, 2, 4 rows)
+PAIR_CONFIGS = ((1, 8, 64, 4, 3), (1, 4, 128, 4, 2), (1, 16, 32, 4, 1), (2, 16, 32, 4, 1), (4, 16, 32, 4, 1))
 
 
 def _sass_loop_mix(cubin: bytes, path: str) -> dict:

@@ -58,7 +58,7 @@ def pdl_capable(x: torch.Tensor) -> bool:
 
 def pdl_enabled(x: torch.Tensor) -> bool:
     """:func:`pdl_capable` and ``MINITE_TRITON_PDL=on``."""
-    return pdl_capable(x) and pdl_mode() == "on"
+    return pdl_mode() == "on" and pdl_capable(x)  # the memoised switch first: off is the common case
 
 
 def warn_once(key: str, message: str) -> None:

@@ -13,38 +13,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+#: argument types the two decode kernels share: the packed weight, its scales and amax, the output, the split-K
+#: workspace and the sizes
+_DECODE_COMMON_TYPES = {
+    "xamax_ptr": "*fp32",
+    "w_ptr": "*i32",
+    "ws_ptr": "*u8",
+    "wamax_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "B": "i32",
+    "N": "i32",
+    "K": "i32",
+}
 #: argument types of ``decode._decode_linear_kernel`` (the first decode formulation), with the activations as
 #: ``quantize_for_decode`` writes them (fp16 ``qs``)
-DECODE_PLANES_TYPES = {
-    "x_ptr": "*fp16",
-    "xamax_ptr": "*fp32",
-    "w_ptr": "*i32",
-    "ws_ptr": "*u8",
-    "wamax_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "part_ptr": "*fp32",
-    "cnt_ptr": "*i32",
-    "B": "i32",
-    "N": "i32",
-    "K": "i32",
-    "kw_per_split": "i32",
-}
+DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON_TYPES}
 #: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
-DECODE_PAIRS_TYPES = {
-    "xp_ptr": "*i32",
-    "xs_ptr": "*u8",
-    "xamax_ptr": "*fp32",
-    "w_ptr": "*i32",
-    "ws_ptr": "*u8",
-    "wamax_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "part_ptr": "*fp32",
-    "cnt_ptr": "*i32",
-    "B": "i32",
-    "N": "i32",
-    "K": "i32",
-    "kb_per_split": "i32",
-}
+DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
 
 
 def compile_offline(
