@@ -111,17 +111,21 @@ def _chain(b: int, weights: dict, rep: int, g: torch.Generator, fused: bool = Fa
                 for name in grp:
                     F.linear(x, ws[name][0])
 
-    def nvfp4(pdl):
+    def nvfp4(pdl, **kw):
         outs = []
         for ws in copies:
             for x, grp in zip(xs, groups):
                 sep()
                 o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
                 for name in grp:
-                    outs.append(decode_linear_pairs(xp, o.scales, o.amax, *ws[name][1], pdl=pdl))
+                    outs.append(decode_linear_pairs(xp, o.scales, o.amax, *ws[name][1], pdl=pdl, **kw))
         return outs
 
     same = all(torch.equal(a, c) for a, c in zip(nvfp4(False), nvfp4(True))) if _PDL_OK else None
+    for pf in (False, True):  # the other K-loop buffering at the default tiles: same tiles, same bits
+        alt = {"prefetch": pf, "stages": 1} if pf else {"prefetch": False}
+        if not all(torch.equal(a, c) for a, c in zip(nvfp4(False), nvfp4(False, **alt))):
+            raise AssertionError(f"prefetch={pf} changed the chain's result at batch {b}")
     tag = "fused_" if fused else ""
     rec = {
         "bench": "decode_pairs_chain",
@@ -134,28 +138,36 @@ def _chain(b: int, weights: dict, rep: int, g: torch.Generator, fused: bool = Fa
     rec["bf16_chain_us"] = _us(bf16, rep) / n
     rec["pairs_chain_us"] = _us(lambda: nvfp4(False), rep) / n
     rec["pairs_chain_pdl_us"] = _us(lambda: nvfp4(True), rep) / n if _PDL_OK else float("nan")
+    rec["pairs_chain_prefetch_us"] = _us(lambda: nvfp4(False, prefetch=True, stages=1), rep) / n
+    rec["pairs_chain_noprefetch_us"] = _us(lambda: nvfp4(False, prefetch=False), rep) / n
     net = rec["bf16_chain_us"] - rec["sep_us"]
     rec["speedup_chain"] = net / (rec["pairs_chain_us"] - rec["sep_us"])
     rec["speedup_chain_pdl"] = net / (rec["pairs_chain_pdl_us"] - rec["sep_us"])
     rec["speedup_chain_with_sep"] = rec["bf16_chain_us"] / rec["pairs_chain_us"]
+    rec["speedup_chain_prefetch"] = net / (rec["pairs_chain_prefetch_us"] - rec["sep_us"])
+    rec["speedup_chain_noprefetch"] = net / (rec["pairs_chain_noprefetch_us"] - rec["sep_us"])
     rec["target_speedup"] = 2.0
     return rec
 
 
-#: (BLOCK_N, BLOCK_KB, warps, pipeline stages) tried by --cold-sweep
+#: (BLOCK_N, BLOCK_KB, warps, pipeline stages, register double buffer) tried by --cold-sweep
 COLD_SWEEP = (
-    (8, 64, 4, 2),
-    (16, 32, 4, 1),
-    (16, 32, 4, 3),
-    (16, 64, 4, 2),
-    (16, 64, 4, 3),
-    (8, 64, 4, 3),
-    (8, 128, 4, 2),
-    (32, 32, 4, 3),
-    (16, 128, 8, 2),
-    (32, 64, 8, 2),
-    (8, 32, 4, 4),
-    (4, 128, 4, 2),
+    (8, 64, 4, 2, False),
+    (16, 32, 4, 1, False),
+    (16, 32, 4, 3, False),
+    (16, 64, 4, 2, False),
+    (8, 64, 4, 3, False),
+    (8, 128, 4, 2, False),
+    (32, 32, 4, 3, False),
+    (32, 64, 8, 2, False),
+    (4, 128, 4, 2, False),
+    (16, 32, 4, 1, True),
+    (8, 64, 4, 1, True),
+    (4, 128, 4, 1, True),
+    (16, 64, 4, 1, True),
+    (32, 32, 4, 1, True),
+    (8, 32, 4, 1, True),
+    (32, 32, 8, 1, True),
 )
 #: bytes of weights one cold measurement streams: 2.5x the H200's 50 MB L2, so no weight is re-read from L2
 COLD_BYTES = 128 << 20
@@ -194,14 +206,22 @@ def _cold_sweep(weights: dict, batches, rep: int, g: torch.Generator, emit) -> N
                 lambda c: decode_linear_pairs(xp, q.scales, q.amax, *ws_fp4[c], pdl=False), cp, rep
             )
             sweep = {}
-            for bn, bkb, nw, st in COLD_SWEEP:
-                kw = {"block_n": bn, "block_kb": bkb, "num_warps": nw, "stages": st, "pdl": False}
+            for bn, bkb, nw, st, pf in COLD_SWEEP:
+                kw = {
+                    "block_n": bn,
+                    "block_kb": bkb,
+                    "num_warps": nw,
+                    "stages": st,
+                    "prefetch": pf,
+                    "pdl": False,
+                }
+                key = f"{bn}x{bkb}w{nw}{'r' if pf else f's{st}'}"
                 try:
-                    sweep[f"{bn}x{bkb}w{nw}s{st}"] = _cold(
+                    sweep[key] = _cold(
                         lambda c: decode_linear_pairs(xp, q.scales, q.amax, *ws_fp4[c], **kw), cp, rep
                     )
                 except Exception as e:  # a configuration that does not compile is reported, not fatal
-                    sweep[f"{bn}x{bkb}w{nw}s{st}"] = type(e).__name__
+                    sweep[key] = type(e).__name__
             rec["pairs_cold_sweep_us"] = sweep
             best = min((v, c) for c, v in sweep.items() if isinstance(v, float))
             rec["best_config"], rec["best_us"] = best[1], best[0]

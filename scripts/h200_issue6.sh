@@ -9,6 +9,7 @@
 #   bash scripts/h200_issue6.sh layout   # quantize byte tests, tile-layout rooflines + sweeps, learner shapes, sync
 #   bash scripts/h200_issue6.sh decode   # whole GPU suite on the defaults (pair decode on), decode at batch 1-16
 #   bash scripts/h200_issue6.sh pdl      # decode tests (PDL on/off, graph chain), block chains, cold launch sweep
+#   bash scripts/h200_issue6.sh regbuf   # cold launch sweep with the register double buffer, block chains
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -84,8 +85,14 @@ pdl)  # programmatic dependent launch on the decode path (eighth session)
     step cold 120 python3 scripts/bench_decode.py --only-chain --cold-sweep --batches 1,2,4 \
         --out "$out/cold.jsonl"
     ;;
+regbuf)  # the pair kernel's K loop double-buffered in registers (ninth session)
+    step cold 260 python3 scripts/bench_decode.py --only-chain --cold-sweep --batches 1,2,4 \
+        --out "$out/cold.jsonl"
+    step chain 240 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
+        --out "$out/chain.jsonl"
+    ;;
 *)
-    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode|pdl" >&2
+    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode|pdl|regbuf" >&2
     exit 2
     ;;
 esac

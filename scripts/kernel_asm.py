@@ -53,9 +53,20 @@ def _ptx_mix(ptx: str) -> dict:
 
 #: integer arguments the launcher specializes as divisible by 16 at the benchmark shapes
 _DIV16 = ("N", "K")
-#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages): the launch defaults (narrow,
-#: long K, and 16 x 32 at 1, 2, 4 rows)
-PAIR_CONFIGS = ((1, 8, 64, 4, 3), (1, 4, 128, 4, 2), (1, 16, 32, 4, 1), (2, 16, 32, 4, 1), (4, 16, 32, 4, 1))
+#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages, register prefetch): the launch
+#: defaults (narrow, long K, and 16 x 32 at 1, 2, 4 rows), then the register double buffer
+PAIR_CONFIGS = (
+    (1, 8, 64, 4, 3, False),
+    (1, 4, 128, 4, 2, False),
+    (1, 16, 32, 4, 1, False),
+    (2, 16, 32, 4, 1, False),
+    (4, 16, 32, 4, 1, False),
+    (1, 8, 64, 4, 1, True),
+    (1, 4, 128, 4, 1, True),
+    (1, 16, 32, 4, 1, True),
+    (2, 16, 32, 4, 1, True),
+    (4, 16, 32, 4, 1, True),
+)
 
 
 def _sass_loop_mix(cubin: bytes, path: str) -> dict:
@@ -138,8 +149,16 @@ def main() -> int:
             divisible_by_16=_DIV16 + ("kw_per_split",),
         )
         _report(ck, f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}", args)
-    for bb, bn, bkb, warps, stages in PAIR_CONFIGS:
-        const = {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages}
+    for bb, bn, bkb, warps, stages, prefetch in PAIR_CONFIGS:
+        const = {
+            "BLOCK_N": bn,
+            "BLOCK_KB": bkb,
+            "BLOCK_B": bb,
+            "SPLIT": 1,
+            "INTERP": False,
+            "STAGES": stages,
+            "PREFETCH": prefetch,
+        }
         ck = compile_offline(
             dec._decode_pairs_kernel,
             DECODE_PAIRS_TYPES,
@@ -148,7 +167,7 @@ def main() -> int:
             arch=args.arch,
             divisible_by_16=_DIV16 + ("kb_per_split",),
         )
-        _report(ck, f"pairs_b{bb}_{bn}x{bkb}w{warps}s{stages}", args, sass=True)
+        _report(ck, f"pairs_b{bb}_{bn}x{bkb}w{warps}{'r' if prefetch else f's{stages}'}", args, sass=True)
     return 0
 
 

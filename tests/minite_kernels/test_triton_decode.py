@@ -90,10 +90,12 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
 
 
-def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4, 1),)) -> None:
+def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4, 1, True),)) -> None:
     """The fp16x2 pair kernel against the FP64 product (rel_l2 <= 1e-5: every 16-value block sum is exact,
     only the FP32 accumulation across blocks rounds), its BF16 output against its FP32 output rounded once,
-    and its activation quantizer against the reference codes laid out by ``pairs_for_decode``."""
+    and its activation quantizer against the reference codes laid out by ``pairs_for_decode``. A config's
+    last field also runs it with the register double buffer (``prefetch=True``), which must give the same
+    bits: it changes when tiles are loaded, not the order of the arithmetic."""
     from minite_kernels.backends.triton.decode import (
         decode_linear_pairs,
         pairs_for_decode,
@@ -121,7 +123,7 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
         assert torch.equal(out.data.cpu(), qx.data)
         assert torch.equal(out.scales.view(torch.uint8).cpu(), qx.scales.view(torch.uint8))
         for split in splits:
-            for bn, bkb, bb, warps, stages in configs:
+            for bn, bkb, bb, warps, stages, also_prefetch in configs:
                 kw = {
                     "split": split,
                     "block_n": bn,
@@ -132,6 +134,12 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                 }
                 y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
                 assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
+                if also_prefetch:
+                    kp = {**kw, "stages": 1}
+                    yr = decode_linear_pairs(
+                        xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, prefetch=True, **kp
+                    )
+                    assert torch.equal(yr, y), (b, split, bn, bkb, bb, "prefetch")
                 if _PDL and bn is None:  # PDL changes when the kernel starts, not what it computes
                     for pdl in (False, True):
                         yp = decode_linear_pairs(
@@ -364,12 +372,12 @@ if torch.cuda.is_available():
     @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512), (40, 80)])
     def test_decode_pairs_gpu(n, k):
         configs = (
-            (None, None, None, 4, 1),
-            (8, 32, 4, 4, 3),
-            (32, 64, 4, 8, 2),
-            (16, 32, 2, 4, 4),
-            (16, 16, 1, 4, 3),
-            (4, 128, 1, 4, 2),  # the long-K default at batch 1 (down_proj)
+            (None, None, None, 4, 1, True),
+            (8, 32, 4, 4, 3, True),
+            (32, 64, 4, 8, 2, False),
+            (16, 32, 2, 4, 4, False),
+            (16, 16, 1, 4, 3, False),
+            (4, 128, 1, 4, 2, True),  # the long-K default at batch 1 (down_proj)
         )
         _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
 
@@ -391,7 +399,7 @@ elif _IN_INTERPRETER:
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
     def test_decode_pairs_interpreted():
-        _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4, 2),))
+        _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4, 2, True),))
 
     def test_backend_routes_decode_interpreted():
         _check_decode_quantizer()

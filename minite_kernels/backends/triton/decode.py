@@ -414,22 +414,72 @@ def _block_dot(h0, h1, h2, h3, h4, h5, h6, h7, x0, x1, x2, x3, x4, x5, x6, x7, I
 
 
 @triton.jit
-def _row_block_dots(
-    hs, xp_ptr, xs_ptr, r, kb, kbmask, K, B, BN: tl.constexpr, BKB: tl.constexpr, INTERP: tl.constexpr
-):
-    """Row ``r``: Σ over each block of ``q_w 2^-14 · q_x`` (fp32 [BN, BKB], exact) times ``s_x 2^-8``."""
+def _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb0, live, K, BLOCK_KB: tl.constexpr):
+    """The packed words ``[BN, 2 BKB]`` and scale bytes ``[BN, BKB]`` of blocks ``kb0 ...`` (nothing is read
+    where ``live`` is false: the register prefetch past the split's last tile)."""
     KB = K // 16
-    m = kbmask & (r < B)
+    kb = kb0 + tl.arange(0, BLOCK_KB)
+    kw = 2 * kb0 + tl.arange(0, 2 * BLOCK_KB)
+    wd = tl.load(
+        w_ptr + offs_n[:, None] * (K // 8) + kw[None, :],
+        mask=nmask[:, None] & ((kw < K // 8) & live)[None, :],
+        other=0,
+    )
+    sb = tl.load(
+        ws_ptr + offs_n[:, None] * KB + kb[None, :],
+        mask=nmask[:, None] & ((kb < KB) & live)[None, :],
+        other=0,
+    )
+    return wd, sb
+
+
+@triton.jit
+def _act_tile(xp_ptr, xs_ptr, r, kb0, live, K, B, BLOCK_KB: tl.constexpr):
+    """Row ``r``'s 8 pair words and scale bytes of blocks ``kb0 ...`` (1-D over the blocks)."""
+    KB = K // 16
+    kb = kb0 + tl.arange(0, BLOCK_KB)
+    m = (kb < KB) & (r < B) & live
     xr = xp_ptr + r * (K // 2) + kb  # x as [B, 8, K/16]: pair word c of every block is a contiguous row
-    x0 = tl.load(xr, mask=m, other=0)
-    x1 = tl.load(xr + KB, mask=m, other=0)
-    x2 = tl.load(xr + 2 * KB, mask=m, other=0)
-    x3 = tl.load(xr + 3 * KB, mask=m, other=0)
-    x4 = tl.load(xr + 4 * KB, mask=m, other=0)
-    x5 = tl.load(xr + 5 * KB, mask=m, other=0)
-    x6 = tl.load(xr + 6 * KB, mask=m, other=0)
-    x7 = tl.load(xr + 7 * KB, mask=m, other=0)
+    return (
+        tl.load(xr, mask=m, other=0),
+        tl.load(xr + KB, mask=m, other=0),
+        tl.load(xr + 2 * KB, mask=m, other=0),
+        tl.load(xr + 3 * KB, mask=m, other=0),
+        tl.load(xr + 4 * KB, mask=m, other=0),
+        tl.load(xr + 5 * KB, mask=m, other=0),
+        tl.load(xr + 6 * KB, mask=m, other=0),
+        tl.load(xr + 7 * KB, mask=m, other=0),
+        tl.load(xs_ptr + r * KB + kb, mask=m, other=0),
+    )
+
+
+@triton.jit
+def _decode_words(wd, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, INTERP: tl.constexpr):
+    """The 8 fp16x2 pair registers of every block of a ``[BN, 2 BKB]`` word tile (``_PAIRS_ASM``)."""
+    w0, w1 = tl.split(tl.reshape(wd, [BLOCK_N, BLOCK_KB, 2]))
+    if INTERP:
+        return (
+            _pair(w0, 0),
+            _pair(w0, 1),
+            _pair(w0, 2),
+            _pair(w0, 3),
+            _pair(w1, 0),
+            _pair(w1, 1),
+            _pair(w1, 2),
+            _pair(w1, 3),
+        )
+    else:
+        return tl.inline_asm_elementwise(
+            _PAIRS_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w0, w1], dtype=(tl.int32,) * 8, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def _row_block_dots(hs, xa, BN: tl.constexpr, BKB: tl.constexpr, INTERP: tl.constexpr):
+    """One row: Σ over each block of ``q_w 2^-14 · q_x`` (fp32 [BN, BKB], exact) times ``s_x 2^-8``, from the
+    decoded weight pairs ``hs`` and the row's activation tile ``xa`` (``_act_tile``)."""
     h0, h1, h2, h3, h4, h5, h6, h7 = hs
+    x0, x1, x2, x3, x4, x5, x6, x7, xs = xa
     p = _block_dot(
         h0,
         h1,
@@ -449,7 +499,7 @@ def _row_block_dots(
         tl.broadcast_to(x7[None, :], [BN, BKB]),
         INTERP,
     )
-    sx = _fp16_scale(tl.load(xs_ptr + r * (K // 16) + kb, mask=m, other=0).to(tl.int32)).to(tl.float32)
+    sx = _fp16_scale(xs.to(tl.int32)).to(tl.float32)
     return p * sx[None, :]
 
 
@@ -475,6 +525,7 @@ def _decode_pairs_kernel(
     INTERP: tl.constexpr,
     STAGES: tl.constexpr = 1,
     PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """Rows ``g*BLOCK_B ...`` (program axis 2) of ``y = x w^T`` for one BLOCK_N slice of the weight and one
     split of K: per 16-value block, the 8 fp16x2 products ``(q_w 2^-14)(q_x)`` summed exactly in fp16 (every
@@ -519,47 +570,60 @@ def _decode_pairs_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
-    for kk in tl.range(0, kb_per_split, BLOCK_KB, num_stages=STAGES):
-        kb = kb_start + kk + tl.arange(0, BLOCK_KB)
-        kbmask = kb < KB
-        kw = kb_start * 2 + kk * 2 + tl.arange(0, 2 * BLOCK_KB)
-        wd = tl.load(
-            w_ptr + offs_n[:, None] * (K // 8) + kw[None, :],
-            mask=nmask[:, None] & (kw < K // 8)[None, :],
-            other=0,
-        )
-        w0, w1 = tl.split(tl.reshape(wd, [BLOCK_N, BLOCK_KB, 2]))
-        if INTERP:
-            hs = (
-                _pair(w0, 0),
-                _pair(w0, 1),
-                _pair(w0, 2),
-                _pair(w0, 3),
-                _pair(w1, 0),
-                _pair(w1, 1),
-                _pair(w1, 2),
-                _pair(w1, 3),
-            )
-        else:
-            hs = tl.inline_asm_elementwise(
-                _PAIRS_ASM,
-                "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                [w0, w1],
-                dtype=(tl.int32,) * 8,
-                is_pure=True,
-                pack=1,
-            )
-        sw = _fp16_scale(
-            tl.load(
-                ws_ptr + offs_n[:, None] * KB + kb[None, :], mask=nmask[:, None] & kbmask[None, :], other=0
-            ).to(tl.int32)
-        ).to(tl.float32)
-        acc0 += _row_block_dots(hs, xp_ptr, xs_ptr, 0, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+    if PREFETCH:  # register double buffer: tile i + 1 is requested before tile i is computed
+        wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb_start, True, K, BLOCK_KB)
+        xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb_start, True, K, B, BLOCK_KB)
+        xa1 = xa0
+        xa2 = xa0
+        xa3 = xa0
         if BLOCK_B > 1:
-            acc1 += _row_block_dots(hs, xp_ptr, xs_ptr, 1, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+            xa1 = _act_tile(xp_ptr, xs_ptr, 1, kb_start, True, K, B, BLOCK_KB)
         if BLOCK_B > 2:
-            acc2 += _row_block_dots(hs, xp_ptr, xs_ptr, 2, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
-            acc3 += _row_block_dots(hs, xp_ptr, xs_ptr, 3, kb, kbmask, K, B, BLOCK_N, BLOCK_KB, INTERP) * sw
+            xa2 = _act_tile(xp_ptr, xs_ptr, 2, kb_start, True, K, B, BLOCK_KB)
+            xa3 = _act_tile(xp_ptr, xs_ptr, 3, kb_start, True, K, B, BLOCK_KB)
+        for kk in range(0, kb_per_split, BLOCK_KB):
+            nxt = kb_start + kk + BLOCK_KB
+            live = kk + BLOCK_KB < kb_per_split
+            wd_n, sb_n = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, nxt, live, K, BLOCK_KB)
+            xa0_n = _act_tile(xp_ptr, xs_ptr, 0, nxt, live, K, B, BLOCK_KB)
+            xa1_n = xa0_n
+            xa2_n = xa0_n
+            xa3_n = xa0_n
+            if BLOCK_B > 1:
+                xa1_n = _act_tile(xp_ptr, xs_ptr, 1, nxt, live, K, B, BLOCK_KB)
+            if BLOCK_B > 2:
+                xa2_n = _act_tile(xp_ptr, xs_ptr, 2, nxt, live, K, B, BLOCK_KB)
+                xa3_n = _act_tile(xp_ptr, xs_ptr, 3, nxt, live, K, B, BLOCK_KB)
+            hs = _decode_words(wd, BLOCK_N, BLOCK_KB, INTERP)
+            sw = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
+            acc0 += _row_block_dots(hs, xa0, BLOCK_N, BLOCK_KB, INTERP) * sw
+            if BLOCK_B > 1:
+                acc1 += _row_block_dots(hs, xa1, BLOCK_N, BLOCK_KB, INTERP) * sw
+            if BLOCK_B > 2:
+                acc2 += _row_block_dots(hs, xa2, BLOCK_N, BLOCK_KB, INTERP) * sw
+                acc3 += _row_block_dots(hs, xa3, BLOCK_N, BLOCK_KB, INTERP) * sw
+            wd = wd_n
+            sb = sb_n
+            xa0 = xa0_n
+            xa1 = xa1_n
+            xa2 = xa2_n
+            xa3 = xa3_n
+    else:
+        for kk in tl.range(0, kb_per_split, BLOCK_KB, num_stages=STAGES):
+            kb0 = kb_start + kk
+            wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb0, True, K, BLOCK_KB)
+            hs = _decode_words(wd, BLOCK_N, BLOCK_KB, INTERP)
+            sw = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
+            xa = _act_tile(xp_ptr, xs_ptr, 0, kb0, True, K, B, BLOCK_KB)
+            acc0 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
+            if BLOCK_B > 1:
+                xa = _act_tile(xp_ptr, xs_ptr, 1, kb0, True, K, B, BLOCK_KB)
+                acc1 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
+            if BLOCK_B > 2:
+                xa = _act_tile(xp_ptr, xs_ptr, 2, kb0, True, K, B, BLOCK_KB)
+                acc2 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
+                xa = _act_tile(xp_ptr, xs_ptr, 3, kb0, True, K, B, BLOCK_KB)
+                acc3 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
     post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
     _store_four_rows(
         acc0, acc1, acc2, acc3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT
@@ -806,7 +870,9 @@ def quantize_for_decode(
             f"quantize_for_decode needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
         )
     if pdl and not pairs:
-        raise ValueError("quantize_for_decode(pdl=True) launches the pair-word quantizer only: pass pairs=True")
+        raise ValueError(
+            "quantize_for_decode(pdl=True) launches the pair-word quantizer only: pass pairs=True"
+        )
     dev = x.device
     out = QuantOut(
         torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
@@ -878,6 +944,7 @@ def decode_linear_pairs(
     block_b: int | None = None,
     num_warps: int = 4,
     stages: int | None = None,
+    prefetch: bool | None = None,
     pdl: bool | None = None,
 ) -> torch.Tensor:
     """``y [B, N]`` from per-token NVFP4 activations given as E2M1 codes in fp16 pair words (``x_pairs``
@@ -888,7 +955,11 @@ def decode_linear_pairs(
     ``pdl`` (default: :func:`pdl_enabled`, i.e. ``MINITE_TRITON_PDL=on`` on sm_90+): programmatic dependent
     launch; the kernel lets the next one launch, prefetches its weight slice into L2, and only then waits
     for the kernel that wrote the activations. The result does not depend on it (the same arithmetic;
-    every dependent read comes after the wait)."""
+    every dependent read comes after the wait).
+
+    ``prefetch``: double-buffer the K loop in registers (the loads of tile ``i + 1`` are issued before tile
+    ``i`` is computed, with no shared-memory round trip); ``stages`` > 1 pipelines it through shared memory
+    with Triton's asynchronous copies instead. The two exclude each other; neither changes the result."""
     if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
         raise ValueError(
             "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
@@ -924,8 +995,15 @@ def decode_linear_pairs(
     bn = block_n or cfg[0]
     kbt = k // 16
     bkb = min(block_kb or cfg[1], triton.next_power_of_2(kbt))
+    if prefetch is None:
+        prefetch = False
     if stages is None:
-        stages = cfg[2]
+        stages = 1 if prefetch else cfg[2]
+    if prefetch and stages > 1:
+        raise ValueError(
+            f"decode_linear_pairs: prefetch=True (register double buffer) excludes stages={stages} "
+            "(shared-memory pipeline); pass one of them"
+        )
     nblocks = triton.cdiv(n, bn)
     split, kb_per_split = _split_k(x_pairs.device, split, nblocks * groups, kbt, bkb)
     part, cnt = (
@@ -951,6 +1029,7 @@ def decode_linear_pairs(
         SPLIT=split,
         INTERP=interpret_mode(),
         STAGES=stages,
+        PREFETCH=bool(prefetch),
         num_warps=num_warps,
         **_pdl_launch(x_pairs, pdl),
     )
