@@ -10,6 +10,7 @@
 #   bash scripts/h200_issue6.sh decode   # whole GPU suite on the defaults (pair decode on), decode at batch 1-16
 #   bash scripts/h200_issue6.sh pdl      # decode tests (PDL on/off, graph chain), block chains, cold launch sweep
 #   bash scripts/h200_issue6.sh regbuf   # cold launch sweep with the register double buffer, block chains
+#   bash scripts/h200_issue6.sh regcheck # block chains at the new defaults, decode + patching GPU tests
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -91,8 +92,16 @@ regbuf)  # the pair kernel's K loop double-buffered in registers (ninth session)
     step chain 240 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
         --out "$out/chain.jsonl"
     ;;
+regcheck)  # the ninth session's launch defaults: block chains first, then the GPU tests they must pass
+    step chain 160 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
+        --out "$out/chain.jsonl"
+    step decode_tests 330 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
+        -p no:cacheprovider -rfE
+    step patching_tests 90 python3 -m pytest tests/minite_kernels/test_patching.py -m gpu -q \
+        -p no:cacheprovider -rfE
+    ;;
 *)
-    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode|pdl|regbuf" >&2
+    echo "usage: bash scripts/h200_issue6.sh tests|bench|probe|launch|verify|optim|layout|decode|pdl|regbuf|regcheck" >&2
     exit 2
     ;;
 esac

@@ -53,19 +53,18 @@ def _ptx_mix(ptx: str) -> dict:
 
 #: integer arguments the launcher specializes as divisible by 16 at the benchmark shapes
 _DIV16 = ("N", "K")
-#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages, register prefetch): the launch
-#: defaults (narrow, long K, and 16 x 32 at 1, 2, 4 rows), then the register double buffer
+#: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages, register double buffer): the
+#: launch defaults (wide weights at 1, 2, 4 rows; long K; q; o at 4 rows), then the pre-ninth-session defaults
 PAIR_CONFIGS = (
+    (1, 16, 32, 4, 1, True),
+    (2, 16, 32, 4, 1, False),
+    (4, 16, 32, 4, 1, False),
+    (1, 4, 128, 4, 1, True),
+    (1, 16, 64, 4, 1, True),
+    (4, 8, 64, 4, 1, True),
     (1, 8, 64, 4, 3, False),
     (1, 4, 128, 4, 2, False),
     (1, 16, 32, 4, 1, False),
-    (2, 16, 32, 4, 1, False),
-    (4, 16, 32, 4, 1, False),
-    (1, 8, 64, 4, 1, True),
-    (1, 4, 128, 4, 1, True),
-    (1, 16, 32, 4, 1, True),
-    (2, 16, 32, 4, 1, True),
-    (4, 16, 32, 4, 1, True),
 )
 
 

@@ -92,23 +92,41 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
 
 
 @pytest.mark.parametrize(
-    "bn,bkb,bb,stages",
-    [(8, 64, 1, 3), (8, 64, 2, 3), (4, 128, 1, 2), (16, 32, 1, 1), (16, 32, 2, 1), (16, 32, 4, 1)],
-    ids=["narrow_b1_pipelined", "narrow_b2_pipelined", "long_k_b1", "b1", "b2", "b4"],
+    "bn,bkb,bb,stages,prefetch",
+    [
+        (16, 32, 1, 1, True),
+        (4, 128, 1, 1, True),
+        (4, 128, 2, 1, True),
+        (16, 64, 1, 1, True),
+        (8, 64, 4, 1, True),
+        (16, 32, 2, 1, False),
+        (16, 32, 4, 1, False),
+        (8, 64, 1, 3, False),
+    ],
+    ids=["wide_b1", "long_k_b1", "long_k_b2", "q_b1", "o_b4", "wide_b2", "wide_b4", "pipelined"],
 )
-def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages):
+def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages, prefetch):
     """The K loop of the pair kernel at the launch defaults: no layout conversion inside it that moves data
     (the 4 x 128-block tiles keep one between register-equivalent layouts, which lowers to nothing). Loading each
     block's 8 activation pair words as one [blocks, 8] tile and splitting it made Triton move the tile
     through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md seventh
     session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
-    (inline PTX) must reach the compiled code, and the 2-stage configuration must use asynchronous copies."""
+    (inline PTX) must reach the compiled code, the pipelined configuration must use asynchronous copies and
+    the register double buffer (the other launch defaults) none."""
     from minite_kernels.backends.triton import decode as D
 
     asm = compile_offline(
         D._decode_pairs_kernel,
         DECODE_PAIRS_TYPES,
-        {"BLOCK_N": bn, "BLOCK_KB": bkb, "BLOCK_B": bb, "SPLIT": 1, "INTERP": False, "STAGES": stages},
+        {
+            "BLOCK_N": bn,
+            "BLOCK_KB": bkb,
+            "BLOCK_B": bb,
+            "SPLIT": 1,
+            "INTERP": False,
+            "STAGES": stages,
+            "PREFETCH": prefetch,
+        },
         # what the launcher specializes for the model shapes: sizes divisible by 16
         divisible_by_16=("N", "K", "kb_per_split"),
     )
@@ -137,6 +155,77 @@ def _first_global_access(ptx: str) -> int:
     hits = [m.start() for m in re.finditer(r"\b(ld\.global|cp\.async\.(ca|cg)\.shared)", ptx)]
     assert hits, "no global load in the PTX"
     return min(hits)
+
+
+def _params_behind(ptx: str, kernel, types: dict, reg: str) -> set[str]:
+    """The kernel arguments whose value flows into PTX register ``reg`` (its definitions traced back to
+    ``ld.param``; argument ``i`` of the listing is the ``i``-th non-constexpr argument)."""
+    params = [n for n in kernel.arg_names if n in types]
+    defs: dict[str, list[str]] = {}
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+(%\w+),\s*(.*);", line)
+        if m:
+            op, dst, rest = m.groups()
+            if op.startswith("ld.param"):
+                defs.setdefault(dst, []).append("param:" + params[int(re.search(r"param_(\d+)", rest)[1])])
+            else:
+                defs.setdefault(dst, []).extend(re.findall(r"%\w+", rest))
+    found, todo, seen = set(), [reg], set()
+    while todo:
+        r = todo.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        for src in defs.get(r, []):
+            (found.add(src[6:]) if src.startswith("param:") else todo.append(src))
+    return found
+
+
+def test_params_behind_traces_addresses():
+    """The tracer on a synthetic listing: an address built from two arguments reaches both."""
+    ptx = """
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.param.u32 	%r1, [k_param_1];
+	mul.wide.s32 	%rd2, %r1, 4;
+	add.s64 	%rd3, %rd1, %rd2;
+	@%p1 ld.global.b32 { %r2 }, [ %rd3 + 0 ];
+"""
+
+    class K:
+        arg_names = ("a", "n", "c")
+
+    assert _params_behind(ptx, K, {"a": "*i32", "c": "i32"}, "%rd3") == {"a", "c"}
+    assert _params_behind(ptx, K, {"a": "*i32", "c": "i32"}, "%rd1") == {"a"}
+
+
+def test_pair_decode_reads_only_weights_before_the_wait():
+    """With ``PDL`` and the register double buffer the first weight tile is loaded before
+    ``griddepcontrol.wait`` (the weights are not written by the kernel it waits for); every load before the
+    wait must take its address from the weight or scale pointer alone, never from the activations."""
+    from minite_kernels.backends.triton import decode as D
+
+    cx = {
+        "BLOCK_N": 4,
+        "BLOCK_KB": 128,
+        "BLOCK_B": 2,
+        "SPLIT": 1,
+        "INTERP": False,
+        "STAGES": 1,
+        "PREFETCH": True,
+    }
+    ptx = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=True))["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    early = re.findall(r"ld\.global[\w.]*\s+\{[^}]*\},\s*\[\s*(%rd\d+)", ptx[:wait])
+    assert len(early) == 8 + 4  # 4 x 128 tile: 2 weight words and one scale byte per thread and row
+    for reg in early:
+        assert _params_behind(ptx, D._decode_pairs_kernel, DECODE_PAIRS_TYPES, reg) <= {
+            "w_ptr",
+            "ws_ptr",
+            "N",
+            "K",
+            "kb_per_split",
+        }, reg
+    assert ptx.index("griddepcontrol.launch_dependents") < min(ptx.index(m) for m in early)
 
 
 @pytest.mark.parametrize("split,bn,stages", [(1, 8, 2), (2, 16, 1)], ids=["one_split", "split_k"])

@@ -532,9 +532,17 @@ def _decode_pairs_kernel(
     partial sum is a multiple of 2^-16 below 1152 * 2^-16), then times ``s_w s_x 2^-16`` (exact in fp32) and
     accumulated in fp32. The weight is decoded once for all BLOCK_B rows.
 
-    ``PDL`` (programmatic dependent launch, sm_90+): the program lets the next kernel launch at once, asks
-    the L2 for its weight bytes and scales, and only then waits for the previous kernel (which wrote the
-    activations) to finish; every read of data that kernel may have written comes after the wait."""
+    ``PREFETCH`` (register double buffer): the loads of K tile ``i + 1`` (weights and activations) are
+    issued before tile ``i`` is decoded and multiplied, so each iteration's compute hides the next one's
+    memory latency without the shared-memory round trip of Triton's pipelined ``STAGES``.
+
+    ``PDL`` (programmatic dependent launch, sm_90+): the program lets the next kernel launch at once, loads
+    its first weight tile (with ``PREFETCH``) and asks the L2 for the rest of its weight bytes and scales,
+    and only then waits for the previous kernel (which wrote the activations) to finish; every read of data
+    that kernel may have written comes after the wait. The weights may be read before it: the kernels of
+    the decode path that trigger early (the activation quantizer, this kernel) never write weights, and a
+    kernel that does (weight sync) does not trigger early, so a PDL launch after it starts only once it
+    has finished."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     g = tl.program_id(2)
@@ -552,6 +560,9 @@ def _decode_pairs_kernel(
     kb_start = pid_k * kb_per_split
     if PDL:
         gdc_launch_dependents()
+    if PREFETCH:  # the first weight tile; under PDL before the wait (the weights are not what it waits for)
+        wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb_start, True, K, BLOCK_KB)
+    if PDL:
         n0 = pid_n * BLOCK_N
         if SPLIT == 1:  # the program's rows are one contiguous range of the packed weight and of its scales
             n1 = tl.minimum(n0 + BLOCK_N, N)
@@ -571,7 +582,6 @@ def _decode_pairs_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     if PREFETCH:  # register double buffer: tile i + 1 is requested before tile i is computed
-        wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb_start, True, K, BLOCK_KB)
         xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb_start, True, K, B, BLOCK_KB)
         xa1 = xa0
         xa2 = xa0
@@ -985,20 +995,24 @@ def decode_linear_pairs(
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
     # defaults from the H200 sweep on weights streamed from HBM (scripts/bench_decode.py --cold-sweep,
-    # benchmarks/RESULTS.md, eighth session): weights under 16 M parameters with at most 2048 rows (at most
-    # 4096 for one or two activation rows) are latency-bound, and narrow tiles with a 3-stage pipelined K
-    # loop win there; one activation row against a long K (down_proj) wants 4 x 128-block tiles; everything
-    # else streams best in 16 x 32-block tiles without pipelining
-    narrow = n * k < (1 << 24) and (n <= 2048 or (b <= 2 and n <= 4096))
-    long_k = not narrow and b == 1 and n <= 4096 and k >= 8192
-    cfg = (8, 64, 3) if narrow else (4, 128, 2) if long_k else (16, 32, 1)
+    # benchmarks/RESULTS.md, ninth session): (BLOCK_N, BLOCK_KB, register double buffer). Wide weights (6144+
+    # rows: qkv, gate, gate_up) have programs enough to hide the latency and stream best in 16 x 32-block
+    # tiles, double-buffered only for one row (the extra registers cost occupancy); the rest are
+    # latency-bound and double-buffered: 4 x 128 blocks for long K (o, down; 8 x 64 from 3 rows on at
+    # K < 8192) and for narrow weights (k/v), 16 x 64 otherwise (q)
+    if n >= 6144:
+        cfg = (16, 32, b == 1)
+    elif k >= 4096:
+        cfg = (4, 128, True) if b <= 2 or k >= 8192 else (8, 64, True)
+    else:
+        cfg = (4, 128, True) if n <= 2048 else (16, 64, True)
     bn = block_n or cfg[0]
     kbt = k // 16
     bkb = min(block_kb or cfg[1], triton.next_power_of_2(kbt))
     if prefetch is None:
-        prefetch = False
+        prefetch = cfg[2] and (stages is None or stages <= 1)
     if stages is None:
-        stages = 1 if prefetch else cfg[2]
+        stages = 1
     if prefetch and stages > 1:
         raise ValueError(
             f"decode_linear_pairs: prefetch=True (register double buffer) excludes stages={stages} "
