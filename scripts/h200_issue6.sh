@@ -95,7 +95,7 @@ regbuf)  # the pair kernel's K loop double-buffered in registers (ninth session)
 regcheck)  # the ninth session's launch defaults: block chains first, then the GPU tests they must pass
     step chain 160 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
         --out "$out/chain.jsonl"
-    step decode_tests 330 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
+    step decode_tests 400 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
         -p no:cacheprovider -rfE
     step patching_tests 90 python3 -m pytest tests/minite_kernels/test_patching.py -m gpu -q \
         -p no:cacheprovider -rfE

@@ -98,7 +98,7 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
         (4, 128, 1, 1, True),
         (4, 128, 2, 1, True),
         (16, 64, 1, 1, True),
-        (8, 64, 4, 1, True),
+        (8, 64, 4, 1, False),
         (16, 32, 2, 1, False),
         (16, 32, 4, 1, False),
         (8, 64, 1, 3, False),

@@ -994,25 +994,28 @@ def decode_linear_pairs(
         return out
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
-    # defaults from the H200 sweep on weights streamed from HBM (scripts/bench_decode.py --cold-sweep,
-    # benchmarks/RESULTS.md, ninth session): (BLOCK_N, BLOCK_KB, register double buffer). Wide weights (6144+
-    # rows: qkv, gate, gate_up) have programs enough to hide the latency and stream best in 16 x 32-block
-    # tiles, double-buffered only for one row (the extra registers cost occupancy); the rest are
-    # latency-bound and double-buffered: 4 x 128 blocks for long K (o, down; 8 x 64 from 3 rows on at
-    # K < 8192) and for narrow weights (k/v), 16 x 64 otherwise (q)
-    if n >= 6144:
-        cfg = (16, 32, b == 1)
+    # defaults from the H200 sweeps on weights streamed from HBM (scripts/bench_decode.py --cold-sweep and
+    # the block chains, benchmarks/RESULTS.md, ninth session): (BLOCK_N, BLOCK_KB, stages, register double
+    # buffer). Wide weights (6144+ rows: qkv, gate, gate_up) have programs enough to hide the latency in
+    # 16 x 32-block tiles; the rest are latency-bound: 4 x 128 blocks for long K (o, down; 8 x 64 at 3-4
+    # rows and K < 8192) and for narrow weights (k/v), 16 x 64 otherwise (q). The double buffer pays at one
+    # activation row only (in the block chain: 57.2 -> 56.4 us at batch 1; 64.8 -> 65.7 at 2, 83.9 -> 86.9
+    # at 4). Above 4 rows (several row groups) the eighth session's rule stays.
+    if b > 4:
+        cfg = (8, 64, 3, False) if n * k < (1 << 24) and n <= 2048 else (16, 32, 1, False)
+    elif n >= 6144:
+        cfg = (16, 32, 1, b == 1)
     elif k >= 4096:
-        cfg = (4, 128, True) if b <= 2 or k >= 8192 else (8, 64, True)
+        cfg = (4, 128, 1, b == 1) if b <= 2 or k >= 8192 else (8, 64, 1, False)
     else:
-        cfg = (4, 128, True) if n <= 2048 else (16, 64, True)
+        cfg = (4, 128, 1, b == 1) if n <= 2048 else (16, 64, 1, b == 1)
     bn = block_n or cfg[0]
     kbt = k // 16
     bkb = min(block_kb or cfg[1], triton.next_power_of_2(kbt))
     if prefetch is None:
-        prefetch = cfg[2] and (stages is None or stages <= 1)
+        prefetch = cfg[3] and (stages is None or stages <= 1)
     if stages is None:
-        stages = 1
+        stages = 1 if prefetch else cfg[2]
     if prefetch and stages > 1:
         raise ValueError(
             f"decode_linear_pairs: prefetch=True (register double buffer) excludes stages={stages} "
