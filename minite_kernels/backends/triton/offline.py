@@ -31,7 +31,17 @@ _DECODE_COMMON_TYPES = {
 #: ``quantize_for_decode`` writes them (fp16 ``qs``)
 DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON_TYPES}
 #: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
-DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
+DECODE_PAIRS_TYPES = {
+    "xp_ptr": "*i32",
+    "xs_ptr": "*u8",
+    "kb_per_split": "i32",
+    "x_ptr": "*bf16",
+    "stride_x": "i32",
+    "data_ptr": "*u8",
+    "nonfinite_ptr": "*i1",
+    "sync_ptr": "*i32",
+    **_DECODE_COMMON_TYPES,
+}
 
 
 def compile_offline(
@@ -44,13 +54,21 @@ def compile_offline(
     divisible_by_16: Iterable[str] = (),
 ) -> dict:
     """``kernel``'s compiled artefacts (``ttgir``, ``ptx``, ``cubin``, ...) for CUDA compute capability
-    ``arch``. Arguments missing from ``types`` are constexprs; pointers are specialized as 16-byte aligned,
-    and so are the integer arguments named in ``divisible_by_16``."""
+    ``arch``. Arguments missing from ``types`` are constexprs (a constexpr missing from ``constexprs`` takes
+    the kernel's default); pointers are specialized as 16-byte aligned, and so are the integer arguments
+    named in ``divisible_by_16``."""
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
+    declared = inspect.signature(kernel.fn).parameters.items()
+    defaults = {
+        n: p.default for n, p in declared if p.default is not inspect.Parameter.empty and n not in types
+    }
+    constexprs = {**defaults, **constexprs}
     div16 = [n for n, t in types.items() if t.startswith("*")] + list(divisible_by_16)
     src = ASTSource(
         fn=kernel,
