@@ -434,24 +434,22 @@ def _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb0, live, K, BLOCK_KB: tl.conste
 
 
 @triton.jit
-def _act_tile(xp_ptr, xs_ptr, r, kb0, live, K, B, BLOCK_KB: tl.constexpr, CG: tl.constexpr = False):
-    """Row ``r``'s 8 pair words and scale bytes of blocks ``kb0 ...`` (1-D over the blocks); ``CG``: from the
-    L2 only (activations written by other programs of the same launch)."""
+def _act_tile(xp_ptr, xs_ptr, r, kb0, live, K, B, BLOCK_KB: tl.constexpr):
+    """Row ``r``'s 8 pair words and scale bytes of blocks ``kb0 ...`` (1-D over the blocks)."""
     KB = K // 16
     kb = kb0 + tl.arange(0, BLOCK_KB)
     m = (kb < KB) & (r < B) & live
     xr = xp_ptr + r * (K // 2) + kb  # x as [B, 8, K/16]: pair word c of every block is a contiguous row
-    cm: tl.constexpr = ".cg" if CG else ""
     return (
-        tl.load(xr, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 2 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 3 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 4 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 5 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 6 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xr + 7 * KB, mask=m, other=0, cache_modifier=cm),
-        tl.load(xs_ptr + r * KB + kb, mask=m, other=0, cache_modifier=cm),
+        tl.load(xr, mask=m, other=0),
+        tl.load(xr + KB, mask=m, other=0),
+        tl.load(xr + 2 * KB, mask=m, other=0),
+        tl.load(xr + 3 * KB, mask=m, other=0),
+        tl.load(xr + 4 * KB, mask=m, other=0),
+        tl.load(xr + 5 * KB, mask=m, other=0),
+        tl.load(xr + 6 * KB, mask=m, other=0),
+        tl.load(xr + 7 * KB, mask=m, other=0),
+        tl.load(xs_ptr + r * KB + kb, mask=m, other=0),
     )
 
 
@@ -520,11 +518,6 @@ def _decode_pairs_kernel(
     N,
     K,
     kb_per_split,
-    x_ptr,
-    stride_x,
-    data_ptr,
-    nonfinite_ptr,
-    sync_ptr,
     BLOCK_N: tl.constexpr,
     BLOCK_KB: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -533,8 +526,6 @@ def _decode_pairs_kernel(
     STAGES: tl.constexpr = 1,
     PDL: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
-    QUANT: tl.constexpr = False,
-    QCH: tl.constexpr = 32,
 ):
     """Rows ``g*BLOCK_B ...`` (program axis 2) of ``y = x w^T`` for one BLOCK_N slice of the weight and one
     split of K: per 16-value block, the 8 fp16x2 products ``(q_w 2^-14)(q_x)`` summed exactly in fp16 (every
@@ -551,27 +542,10 @@ def _decode_pairs_kernel(
     that kernel may have written comes after the wait. The weights may be read before it: the kernels of
     the decode path that trigger early (the activation quantizer, this kernel) never write weights, and a
     kernel that does (weight sync) does not trigger early, so a PDL launch after it starts only once it
-    has finished.
-
-    ``QUANT``: the kernel quantizes the activations itself (``x_ptr`` bf16/fp32 [B, K], row stride
-    ``stride_x``) into ``xp_ptr``/``xs_ptr``/``xamax_ptr``/``data_ptr``/``nonfinite_ptr`` before it reads them
-    (``_fused_quant_phase``, synchronised through ``sync_ptr``: three int32 counters, zero between
-    launches; the last program to finish resets them). The first weight tile (``PREFETCH``) is requested
-    before, so its latency overlaps the quantization. Excludes ``PDL``; otherwise those arguments are
-    unused."""
+    has finished."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     g = tl.program_id(2)
-    KB = K // 16
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
-    kb_start = pid_k * kb_per_split
-    if QUANT:
-        if PREFETCH:  # the first weight tile, in flight while the activations are quantized
-            wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb_start, True, K, BLOCK_KB)
-        _fused_quant_phase(
-            x_ptr, xp_ptr, data_ptr, xs_ptr, xamax_ptr, nonfinite_ptr, sync_ptr, B, K, stride_x, QCH
-        )
     # this program's rows start at g * BLOCK_B: shift the row-indexed pointers
     xp_ptr += g * BLOCK_B * (K // 2)
     xs_ptr += g * BLOCK_B * (K // 16)
@@ -580,9 +554,13 @@ def _decode_pairs_kernel(
     part_ptr += g * SPLIT * BLOCK_B * N
     cnt_ptr += g * tl.num_programs(0)
     B = B - g * BLOCK_B
+    KB = K // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    kb_start = pid_k * kb_per_split
     if PDL:
         gdc_launch_dependents()
-    if PREFETCH and not QUANT:  # the first weight tile; under PDL before the wait (not what it waits for)
+    if PREFETCH:  # the first weight tile; under PDL before the wait (the weights are not what it waits for)
         wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb_start, True, K, BLOCK_KB)
     if PDL:
         n0 = pid_n * BLOCK_N
@@ -604,28 +582,28 @@ def _decode_pairs_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     if PREFETCH:  # register double buffer: tile i + 1 is requested before tile i is computed
-        xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb_start, True, K, B, BLOCK_KB, QUANT)
+        xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb_start, True, K, B, BLOCK_KB)
         xa1 = xa0
         xa2 = xa0
         xa3 = xa0
         if BLOCK_B > 1:
-            xa1 = _act_tile(xp_ptr, xs_ptr, 1, kb_start, True, K, B, BLOCK_KB, QUANT)
+            xa1 = _act_tile(xp_ptr, xs_ptr, 1, kb_start, True, K, B, BLOCK_KB)
         if BLOCK_B > 2:
-            xa2 = _act_tile(xp_ptr, xs_ptr, 2, kb_start, True, K, B, BLOCK_KB, QUANT)
-            xa3 = _act_tile(xp_ptr, xs_ptr, 3, kb_start, True, K, B, BLOCK_KB, QUANT)
+            xa2 = _act_tile(xp_ptr, xs_ptr, 2, kb_start, True, K, B, BLOCK_KB)
+            xa3 = _act_tile(xp_ptr, xs_ptr, 3, kb_start, True, K, B, BLOCK_KB)
         for kk in range(0, kb_per_split, BLOCK_KB):
             nxt = kb_start + kk + BLOCK_KB
             live = kk + BLOCK_KB < kb_per_split
             wd_n, sb_n = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, nxt, live, K, BLOCK_KB)
-            xa0_n = _act_tile(xp_ptr, xs_ptr, 0, nxt, live, K, B, BLOCK_KB, QUANT)
+            xa0_n = _act_tile(xp_ptr, xs_ptr, 0, nxt, live, K, B, BLOCK_KB)
             xa1_n = xa0_n
             xa2_n = xa0_n
             xa3_n = xa0_n
             if BLOCK_B > 1:
-                xa1_n = _act_tile(xp_ptr, xs_ptr, 1, nxt, live, K, B, BLOCK_KB, QUANT)
+                xa1_n = _act_tile(xp_ptr, xs_ptr, 1, nxt, live, K, B, BLOCK_KB)
             if BLOCK_B > 2:
-                xa2_n = _act_tile(xp_ptr, xs_ptr, 2, nxt, live, K, B, BLOCK_KB, QUANT)
-                xa3_n = _act_tile(xp_ptr, xs_ptr, 3, nxt, live, K, B, BLOCK_KB, QUANT)
+                xa2_n = _act_tile(xp_ptr, xs_ptr, 2, nxt, live, K, B, BLOCK_KB)
+                xa3_n = _act_tile(xp_ptr, xs_ptr, 3, nxt, live, K, B, BLOCK_KB)
             hs = _decode_words(wd, BLOCK_N, BLOCK_KB, INTERP)
             sw = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
             acc0 += _row_block_dots(hs, xa0, BLOCK_N, BLOCK_KB, INTERP) * sw
@@ -646,15 +624,15 @@ def _decode_pairs_kernel(
             wd, sb = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, kb0, True, K, BLOCK_KB)
             hs = _decode_words(wd, BLOCK_N, BLOCK_KB, INTERP)
             sw = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
-            xa = _act_tile(xp_ptr, xs_ptr, 0, kb0, True, K, B, BLOCK_KB, QUANT)
+            xa = _act_tile(xp_ptr, xs_ptr, 0, kb0, True, K, B, BLOCK_KB)
             acc0 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
             if BLOCK_B > 1:
-                xa = _act_tile(xp_ptr, xs_ptr, 1, kb0, True, K, B, BLOCK_KB, QUANT)
+                xa = _act_tile(xp_ptr, xs_ptr, 1, kb0, True, K, B, BLOCK_KB)
                 acc1 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
             if BLOCK_B > 2:
-                xa = _act_tile(xp_ptr, xs_ptr, 2, kb0, True, K, B, BLOCK_KB, QUANT)
+                xa = _act_tile(xp_ptr, xs_ptr, 2, kb0, True, K, B, BLOCK_KB)
                 acc2 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
-                xa = _act_tile(xp_ptr, xs_ptr, 3, kb0, True, K, B, BLOCK_KB, QUANT)
+                xa = _act_tile(xp_ptr, xs_ptr, 3, kb0, True, K, B, BLOCK_KB)
                 acc3 += _row_block_dots(hs, xa, BLOCK_N, BLOCK_KB, INTERP) * sw
     post = wa * (1073741824.0 * INV_2688_SQ_C)  # 2^30: the 2^-14 of the codes and 2^-8 of both scales
     _store_four_rows(
@@ -662,15 +640,6 @@ def _decode_pairs_kernel(
     )
     if SPLIT > 1:
         _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
-    if (
-        QUANT
-    ):  # every program has passed its wait: the last to get here zeroes the counters for the next launch
-        tl.debug_barrier()
-        total = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        if tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel") == total - 1:
-            tl.atomic_xchg(sync_ptr, 0)
-            tl.atomic_xchg(sync_ptr + 1, 0)
-            tl.atomic_xchg(sync_ptr + 2, 0)
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -829,13 +798,38 @@ def _decode_act_quant_kernel(
 
 
 @triton.jit
-def _encode_pair_chunk(x_ptr, xp_ptr, data_ptr, scales_ptr, r, own, K, stride_x, amax, bad, CH: tl.constexpr):
-    """Blocks ``own`` ([CH]) of activation row ``r``, given the row's amax and nonfinite flag ``bad``: the
-    quantizer's arithmetic (``quantize.py``), writing the packed bytes and scale bytes exactly as
-    ``quantize_nvfp4_triton`` does and the E2M1 codes as fp16 pair words ``[B, 8, K/16]``
+def _pairs_act_quant_kernel(
+    x_ptr,
+    xp_ptr,
+    data_ptr,
+    scales_ptr,
+    amax_ptr,
+    nonfinite_ptr,
+    K,
+    stride_x,
+    NB: tl.constexpr,
+    CH: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Per-token NVFP4 quantization of activation row ``program_id(0)``, blocks ``CH * program_id(1) ...``:
+    every program reads the whole row for its amax (L2-resident, a few KB), then encodes only its chunk, so a
+    long row is spread over several SMs. Writes the packed bytes, scales, amax and nonfinite flag exactly as
+    ``quantize_nvfp4_triton``, plus the E2M1 codes as fp16 pair words ``[B, 8, K/16]``
     (``pairs_for_decode``), stored as int32 rows that are contiguous along the blocks."""
+    if PDL:  # let the decode kernel launch (and prefetch its weights) now; x is read after the wait
+        gdc_launch_dependents()
+        gdc_wait()
+    r = tl.program_id(0)
+    p = tl.program_id(1)
     KB = K // 16
+    blk = tl.arange(0, NB)
+    k = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
+    xrow = tl.load(x_ptr + r * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
+    abits = tl.max(tl.max(xrow.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+    bad = abits >= 0x7F800000  # inf/NaN: the row's amax is NaN, its codes 0 and scale bytes 0x7F
+    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
     s_enc, s_dec = _encode_scale(amax)
+    own = p * CH + tl.arange(0, CH)
     ko = own[:, None] * 16 + tl.arange(0, 16)[None, :]
     m = ko < K
     x = tl.load(x_ptr + r * stride_x + ko, mask=m, other=0.0).to(tl.float32)
@@ -860,80 +854,9 @@ def _encode_pair_chunk(x_ptr, xp_ptr, data_ptr, scales_ptr, r, own, K, stride_x,
     words = tl.reshape(wlo | (whi << 16), [CH, 8])
     c8 = tl.arange(0, 8)
     tl.store(xp_ptr + r * (8 * KB) + c8[None, :] * KB + own[:, None], words, mask=(own < KB)[:, None])
-
-
-@triton.jit
-def _pairs_act_quant_kernel(
-    x_ptr,
-    xp_ptr,
-    data_ptr,
-    scales_ptr,
-    amax_ptr,
-    nonfinite_ptr,
-    K,
-    stride_x,
-    NB: tl.constexpr,
-    CH: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Per-token NVFP4 quantization of activation row ``program_id(0)``, blocks ``CH * program_id(1) ...``:
-    every program reads the whole row for its amax (L2-resident, a few KB), then encodes only its chunk
-    (``_encode_pair_chunk``), so a long row is spread over several SMs. Writes the packed bytes, scales, amax
-    and nonfinite flag exactly as ``quantize_nvfp4_triton``, plus the pair words."""
-    if PDL:  # let the decode kernel launch (and prefetch its weights) now; x is read after the wait
-        gdc_launch_dependents()
-        gdc_wait()
-    r = tl.program_id(0)
-    p = tl.program_id(1)
-    blk = tl.arange(0, NB)
-    k = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
-    xrow = tl.load(x_ptr + r * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
-    abits = tl.max(tl.max(xrow.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
-    bad = abits >= 0x7F800000  # inf/NaN: the row's amax is NaN, its codes 0 and scale bytes 0x7F
-    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
-    own = p * CH + tl.arange(0, CH)
-    _encode_pair_chunk(x_ptr, xp_ptr, data_ptr, scales_ptr, r, own, K, stride_x, amax, bad, CH)
     if p == 0:
         tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
         tl.store(nonfinite_ptr + r, bad)
-
-
-@triton.jit
-def _fused_quant_phase(
-    x_ptr, xp_ptr, data_ptr, scales_ptr, amax_ptr, nonfinite_ptr, sync_ptr, B, K, stride_x, CH: tl.constexpr
-):
-    """The decode kernel's own activation quantization (``QUANT``): the ``B * cdiv(K/16, CH)`` chunks of
-    ``_pairs_act_quant_kernel`` are claimed from a ticket counter (``sync[0]``) by whichever programs run
-    first, each claimant quantizing chunks until none is left, and counted done in ``sync[1]`` (release);
-    then every program waits until all are done (acquire). A claimant never waits before its chunks are
-    done, and every program that waits has a running claimant ahead of it, so this cannot deadlock, also
-    when the programs run one after another (the interpreter)."""
-    KB = K // 16
-    nch = tl.cdiv(KB, CH)
-    nq = B * nch
-    c = tl.atomic_add(sync_ptr, 1)
-    while c < nq:
-        r = c // nch
-        p = c % nch
-        mbits = tl.zeros([], dtype=tl.int32)
-        for k0 in range(0, K, 4096):  # the row's amax, 4096 values at a time (the registers stay few)
-            k = k0 + tl.arange(0, 4096)
-            v = tl.load(x_ptr + r * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
-            mbits = tl.maximum(mbits, tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0))
-        bad = mbits >= 0x7F800000
-        amax = tl.where(bad, 0, mbits).to(tl.float32, bitcast=True)
-        own = p * CH + tl.arange(0, CH)
-        _encode_pair_chunk(x_ptr, xp_ptr, data_ptr, scales_ptr, r, own, K, stride_x, amax, bad, CH)
-        if p == 0:
-            tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
-            tl.store(nonfinite_ptr + r, bad)
-        tl.debug_barrier()  # every thread's stores of the chunk before the release
-        tl.atomic_add(sync_ptr + 1, 1, sem="release")
-        c = tl.atomic_add(sync_ptr, 1)
-    seen = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
-    while seen < nq:
-        seen = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
-    tl.debug_barrier()
 
 
 def quantize_for_decode(
@@ -1067,33 +990,8 @@ def decode_linear_pairs(
     if x_amax.numel() != b:
         raise ValueError(f"decode_linear_pairs: x_amax has {x_amax.numel()} values for {b} rows")
     out = torch.empty((b, n), dtype=out_dtype, device=x_pairs.device)
-    if b and n:
-        _launch_pairs(
-            (x_pairs, x_scales.view(torch.uint8), x_amax),
-            None,
-            (w_data, w_scales, w_amax),
-            out,
-            split=split,
-            block_n=block_n,
-            block_kb=block_kb,
-            block_b=block_b,
-            num_warps=num_warps,
-            stages=stages,
-            prefetch=prefetch,
-            launch=_pdl_launch(x_pairs, pdl),
-        )
-    return out
-
-
-def _launch_pairs(
-    act, quant, weight, out, *, split, block_n, block_kb, block_b, num_warps, stages, prefetch, launch
-):
-    """Launch ``_decode_pairs_kernel`` with the launch defaults: ``act`` = (pair words, scale bytes, amax),
-    ``quant`` = None or (x, packed bytes, nonfinite flags) for the fused quantization, which then writes
-    ``act``; ``launch``: the PDL options."""
-    xp = act[0]
-    w_data, w_scales, w_amax = weight
-    b, k, n = out.shape[0], 16 * xp.shape[2], out.shape[1]
+    if b == 0 or n == 0:
+        return out
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
     # defaults from the H200 sweeps on weights streamed from HBM (scripts/bench_decode.py --cold-sweep and
@@ -1124,14 +1022,14 @@ def _launch_pairs(
             "(shared-memory pipeline); pass one of them"
         )
     nblocks = triton.cdiv(n, bn)
-    split, kb_per_split = _split_k(xp.device, split, nblocks * groups, kbt, bkb)
-    part, cnt = _workspace(xp.device, split, groups * bb, n, groups * nblocks) if split > 1 else (out, out)
-    if quant is None:
-        x, data, nonfinite, sync, stride_x = xp, xp, xp, xp, 0
-    else:
-        (x, data, nonfinite), sync, stride_x = quant, _sync_counters(xp.device), quant[0].stride(0)
+    split, kb_per_split = _split_k(x_pairs.device, split, nblocks * groups, kbt, bkb)
+    part, cnt = (
+        _workspace(x_pairs.device, split, groups * bb, n, groups * nblocks) if split > 1 else (out, out)
+    )
     _decode_pairs_kernel[(nblocks, split, groups)](
-        *act,
+        x_pairs,
+        x_scales.view(torch.uint8),
+        x_amax,
         w_data.view(torch.int32),
         w_scales.view(torch.uint8),
         w_amax,
@@ -1142,11 +1040,6 @@ def _launch_pairs(
         n,
         k,
         kb_per_split,
-        x,
-        stride_x,
-        data,
-        nonfinite,
-        sync,
         BLOCK_N=bn,
         BLOCK_KB=bkb,
         BLOCK_B=bb,
@@ -1154,90 +1047,10 @@ def _launch_pairs(
         INTERP=interpret_mode(),
         STAGES=stages,
         PREFETCH=bool(prefetch),
-        QUANT=quant is not None,
         num_warps=num_warps,
-        **launch,
+        **_pdl_launch(x_pairs, pdl),
     )
-
-
-_SYNC: dict[torch.device, torch.Tensor] = {}
-
-
-def _sync_counters(device: torch.device) -> torch.Tensor:
-    """The fused quantization's three int32 counters on ``device`` (zero between launches: the last program
-    of every launch resets them). Launches on one stream run one after another; like the split-K
-    counters, they are not for concurrent launches on several streams."""
-    t = _SYNC.get(device)
-    if t is None:
-        t = _SYNC[device] = torch.zeros(3, dtype=torch.int32, device=device)
-    return t
-
-
-def decode_linear_pairs_fused(
-    x: torch.Tensor,
-    w_data: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_amax: torch.Tensor,
-    *,
-    out_dtype: torch.dtype = torch.bfloat16,
-    split: int | None = None,
-    block_n: int | None = None,
-    block_kb: int | None = None,
-    block_b: int | None = None,
-    num_warps: int = 4,
-    stages: int | None = None,
-    prefetch: bool | None = None,
-) -> tuple[torch.Tensor, QuantOut, torch.Tensor]:
-    """``quantize_for_decode(x, pairs=True)`` and :func:`decode_linear_pairs` in one launch: the kernel's
-    first programs quantize ``x`` ([B, K] bf16/fp32, K % 16 == 0, unit stride along K) per token while every
-    program's first weight tile is in flight, then all of them multiply. Returns ``(y, quantized x,
-    pair words)``, the last two bit-identical to ``quantize_for_decode``'s, and ``y`` to
-    :func:`decode_linear_pairs` on them."""
-    b, k = x.shape
-    n = w_data.shape[0]
-    if k % 16 or x.stride(1) != 1:
-        raise ValueError(
-            f"decode_linear_pairs_fused needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
-        )
-    if w_data.dim() != 2 or w_data.shape[1] * 2 != k or not w_data.is_contiguous():
-        raise ValueError(
-            f"decode_linear_pairs_fused: x has K={k} but the packed weight has shape {tuple(w_data.shape)} "
-            f"(expected a contiguous [N, {k // 2}])"
-        )
-    if tuple(w_scales.shape) != (n, k // 16):
-        raise ValueError(
-            f"decode_linear_pairs_fused: w_scales has shape {tuple(w_scales.shape)}, expected {(n, k // 16)}"
-        )
-    dev = x.device
-    q = QuantOut(
-        torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
-        torch.empty((b, k // 16), dtype=torch.uint8, device=dev),
-        torch.empty((b,), dtype=torch.float32, device=dev),
-        torch.empty((b,), dtype=torch.bool, device=dev),
-        None,
-        None,
-    )
-    xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=dev)
-    out = torch.empty((b, n), dtype=out_dtype, device=dev)
-    if b and n:
-        _launch_pairs(
-            (xp, q.scales, q.amax),
-            (x, q.data, q.nonfinite),
-            (w_data, w_scales, w_amax),
-            out,
-            split=split,
-            block_n=block_n,
-            block_kb=block_kb,
-            block_b=block_b,
-            num_warps=num_warps,
-            stages=stages,
-            prefetch=prefetch,
-            launch={},
-        )
-    elif b:  # nothing to multiply: the quantization alone
-        q, xp = quantize_for_decode(x, pairs=True, pdl=False)
-        return out, q, xp
-    return out, q._replace(scales=q.scales.view(torch.float8_e4m3fn)), xp
+    return out
 
 
 def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:

@@ -31,17 +31,7 @@ _DECODE_COMMON_TYPES = {
 #: ``quantize_for_decode`` writes them (fp16 ``qs``)
 DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON_TYPES}
 #: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
-DECODE_PAIRS_TYPES = {
-    "xp_ptr": "*i32",
-    "xs_ptr": "*u8",
-    "kb_per_split": "i32",
-    "x_ptr": "*bf16",
-    "stride_x": "i32",
-    "data_ptr": "*u8",
-    "nonfinite_ptr": "*i1",
-    "sync_ptr": "*i32",
-    **_DECODE_COMMON_TYPES,
-}
+DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
 
 
 def compile_offline(
