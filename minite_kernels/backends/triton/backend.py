@@ -22,9 +22,9 @@
   TE's row-scaled GEMM semantics (``gemm.py``): cuBLAS then a scaling pass for BF16 outputs; one Triton
   kernel (FP32 end to end) for FP32 outputs and with ``exact_fused``.
   Both are checked against the FP32 reference GEMM (tests state the tolerances).
-- With ``MINITE_TRITON_DECODE=auto`` (the default), decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 2
-  per-token NVFP4 activation rows against a per-tensor NVFP4 weight: token-by-token generation of one or
-  two sequences) run the packed-FP4 pair kernel (``decode.py``, ``decode_linear_pairs``): the activation
+- With ``MINITE_TRITON_DECODE=auto`` (the default), decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 4
+  per-token NVFP4 activation rows against a per-tensor NVFP4 weight: token-by-token generation of one to
+  four sequences) run the packed-FP4 pair kernel (``decode.py``, ``decode_linear_pairs``): the activation
   is quantized by one launch that also writes its E2M1 codes as fp16 pair words, and the weight is read
   packed (0.5625 bytes/parameter instead of BF16's 2), with the ``exact`` semantics above. ``off`` sends
   them to the GEMM of ``MINITE_TRITON_GEMM``, and so does a ROCm build of torch (``PAIR_KERNEL_OK``: the
@@ -59,9 +59,9 @@ from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_t
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-#: the pair kernel beats cuBLAS BF16 up to 2 rows (H200, Qwen3-4B block with its activation quantization,
-#: weights from HBM: 1.52x at batch 1, 1.43x at 2, 1.06x at 4; benchmarks/RESULTS.md, eighth session)
-DECODE_MAX_ROWS = 2
+#: the pair kernel beats cuBLAS BF16 up to 4 rows (H200, Qwen3-4B block with its activation quantization,
+#: weights from HBM: 1.75x at batch 1, 1.59x at 2, 1.21x at 4; benchmarks/RESULTS.md, ninth session)
+DECODE_MAX_ROWS = 4
 #: the pair kernel's products are inline NVIDIA PTX (``fma.rn.f16x2``): on a ROCm build of torch the
 #: decode-sized GEMMs stay on the GEMM path
 PAIR_KERNEL_OK = torch.version.hip is None

@@ -17,7 +17,7 @@ order); the powers of two go to the epilogue.
 
 Two kernels share that decode:
 
-- ``decode_linear_pairs`` (what the backend runs, up to ``DECODE_MAX_ROWS`` = 2 rows): the activation comes
+- ``decode_linear_pairs`` (what the backend runs, up to ``DECODE_MAX_ROWS`` = 4 rows): the activation comes
   as its E2M1 codes in fp16 (``q_x``, exact) laid out as *pair words* ``[B, 8, K/16]`` int32
   (``pairs_for_decode``; written by ``quantize_for_decode(x, pairs=True)`` in one launch). Nibbles ``j`` and
   ``j + 4`` of a weight word are placed into the two fp16 halves of one register with one shift pair and
