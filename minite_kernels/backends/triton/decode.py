@@ -37,17 +37,18 @@ Two kernels share that decode:
 - Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
   to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
-Measured on the H200 (benchmarks/RESULTS.md, eighth session: the Qwen3-4B block as one CUDA graph,
-activation quantization included, weights from HBM): the pair kernel 1.52x cuBLAS BF16 at batch 1, 1.43x
-at batch 2, 1.06x at batch 4, 0.39x at batch 16. From HBM it streams the packed weight at 1.0-2.0 TB/s at
-batch 1 (cuBLAS: 2.6-3.5 TB/s for BF16); a launch needs ~2-3 us before its loads arrive, which the small
-projections (k/v: 1.5 MB of weights) cannot hide. Per-linear timings that repeat one weight keep a packed
-weight (<= 14 MB) in the 50 MB L2 and flatter the kernel (the seventh session's 1.61x).
+Measured on the H200 (benchmarks/RESULTS.md, ninth session: the Qwen3-4B block as one CUDA graph,
+activation quantization included, weights from HBM): the pair kernel 1.75x cuBLAS BF16 at batch 1, 1.59x
+at batch 2, 1.21x at batch 4, 0.42x at batch 16; its seven kernels alone 2.19x at batch 1. The small and
+long-K projections are latency-bound (a launch needs ~2-3 us before its loads arrive): they take narrow
+tiles and, at one row, a K loop double-buffered in registers (``prefetch``). Per-linear timings that
+repeat one weight keep a packed weight (<= 14 MB) in the 50 MB L2 and flatter the kernel (the seventh
+session's 1.61x).
 
 Programmatic dependent launch (``pdl=True`` / ``MINITE_TRITON_PDL=on``, sm_90+, off by default): the
-pair-word quantizer and the pair kernel let the next launch start at once, and the kernel asks the L2 for
-its weight rows before it waits for the activations. That saved 4 us per block while the weights fit the
-L2, and nothing from HBM.
+pair-word quantizer and the pair kernel let the next launch start at once, and the kernel loads its first
+weight tile (with ``prefetch``) and asks the L2 for the rest before it waits for the activations. That saved 4 us per block
+while the weights fit the L2, and nothing from HBM.
 
 Pair worked example: w = [6, -0.5, 0, 0, 1, 0, 0, 0] (codes 7, 9, 0, 0, 2, 0, 0, 0: word 0x00020097),
 x codes [1, 1, 0, 0, 2, 0, 0, 0]. Pair 0 meets (x0, x4) = (1, 2): lanes 6 * 2^-14 * 1 and 1 * 2^-14 * 2;
