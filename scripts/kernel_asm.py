@@ -28,6 +28,7 @@ from minite_kernels.backends.triton.offline import (
     DECODE_PLANES_TYPES,
     compile_offline,
     ops_in_loop,
+    pair_constexprs,
 )
 
 #: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
@@ -149,19 +150,10 @@ def main() -> int:
         )
         _report(ck, f"b{bb}_{bn}x{bkw}w{warps}{'p' if perm else ''}{'o' if one_dot else ''}", args)
     for bb, bn, bkb, warps, stages, prefetch in PAIR_CONFIGS:
-        const = {
-            "BLOCK_N": bn,
-            "BLOCK_KB": bkb,
-            "BLOCK_B": bb,
-            "SPLIT": 1,
-            "INTERP": False,
-            "STAGES": stages,
-            "PREFETCH": prefetch,
-        }
         ck = compile_offline(
             dec._decode_pairs_kernel,
             DECODE_PAIRS_TYPES,
-            const,
+            pair_constexprs(bn, bkb, bb, stages=stages, prefetch=prefetch),
             warps=warps,
             arch=args.arch,
             divisible_by_16=_DIV16 + ("kb_per_split",),

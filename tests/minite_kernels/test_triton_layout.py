@@ -22,6 +22,7 @@ from minite_kernels.backends.triton.offline import (
     DECODE_PAIRS_TYPES,
     compile_offline,
     moving_conversions_in_loop,
+    pair_constexprs,
 )
 
 _TOKEN_TYPES = {
@@ -118,15 +119,7 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages, prefetch):
     asm = compile_offline(
         D._decode_pairs_kernel,
         DECODE_PAIRS_TYPES,
-        {
-            "BLOCK_N": bn,
-            "BLOCK_KB": bkb,
-            "BLOCK_B": bb,
-            "SPLIT": 1,
-            "INTERP": False,
-            "STAGES": stages,
-            "PREFETCH": prefetch,
-        },
+        pair_constexprs(bn, bkb, bb, stages=stages, prefetch=prefetch),
         # what the launcher specializes for the model shapes: sizes divisible by 16
         divisible_by_16=("N", "K", "kb_per_split"),
     )

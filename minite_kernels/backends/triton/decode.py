@@ -455,6 +455,21 @@ def _act_tile(xp_ptr, xs_ptr, r, kb0, live, K, B, BLOCK_KB: tl.constexpr):
 
 
 @triton.jit
+def _act_tiles(xp_ptr, xs_ptr, kb0, live, K, B, BLOCK_KB: tl.constexpr, BLOCK_B: tl.constexpr):
+    """``_act_tile`` for rows 0 .. BLOCK_B - 1 as four tiles (rows past BLOCK_B repeat row 0, unread)."""
+    xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb0, live, K, B, BLOCK_KB)
+    xa1 = xa0
+    xa2 = xa0
+    xa3 = xa0
+    if BLOCK_B > 1:
+        xa1 = _act_tile(xp_ptr, xs_ptr, 1, kb0, live, K, B, BLOCK_KB)
+    if BLOCK_B > 2:
+        xa2 = _act_tile(xp_ptr, xs_ptr, 2, kb0, live, K, B, BLOCK_KB)
+        xa3 = _act_tile(xp_ptr, xs_ptr, 3, kb0, live, K, B, BLOCK_KB)
+    return xa0, xa1, xa2, xa3
+
+
+@triton.jit
 def _decode_words(wd, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, INTERP: tl.constexpr):
     """The 8 fp16x2 pair registers of every block of a ``[BN, 2 BKB]`` word tile (``_PAIRS_ASM``)."""
     w0, w1 = tl.split(tl.reshape(wd, [BLOCK_N, BLOCK_KB, 2]))
@@ -583,28 +598,12 @@ def _decode_pairs_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
     if PREFETCH:  # register double buffer: tile i + 1 is requested before tile i is computed
-        xa0 = _act_tile(xp_ptr, xs_ptr, 0, kb_start, True, K, B, BLOCK_KB)
-        xa1 = xa0
-        xa2 = xa0
-        xa3 = xa0
-        if BLOCK_B > 1:
-            xa1 = _act_tile(xp_ptr, xs_ptr, 1, kb_start, True, K, B, BLOCK_KB)
-        if BLOCK_B > 2:
-            xa2 = _act_tile(xp_ptr, xs_ptr, 2, kb_start, True, K, B, BLOCK_KB)
-            xa3 = _act_tile(xp_ptr, xs_ptr, 3, kb_start, True, K, B, BLOCK_KB)
+        xa0, xa1, xa2, xa3 = _act_tiles(xp_ptr, xs_ptr, kb_start, True, K, B, BLOCK_KB, BLOCK_B)
         for kk in range(0, kb_per_split, BLOCK_KB):
             nxt = kb_start + kk + BLOCK_KB
             live = kk + BLOCK_KB < kb_per_split
             wd_n, sb_n = _weight_tile(w_ptr, ws_ptr, offs_n, nmask, nxt, live, K, BLOCK_KB)
-            xa0_n = _act_tile(xp_ptr, xs_ptr, 0, nxt, live, K, B, BLOCK_KB)
-            xa1_n = xa0_n
-            xa2_n = xa0_n
-            xa3_n = xa0_n
-            if BLOCK_B > 1:
-                xa1_n = _act_tile(xp_ptr, xs_ptr, 1, nxt, live, K, B, BLOCK_KB)
-            if BLOCK_B > 2:
-                xa2_n = _act_tile(xp_ptr, xs_ptr, 2, nxt, live, K, B, BLOCK_KB)
-                xa3_n = _act_tile(xp_ptr, xs_ptr, 3, nxt, live, K, B, BLOCK_KB)
+            xa0_n, xa1_n, xa2_n, xa3_n = _act_tiles(xp_ptr, xs_ptr, nxt, live, K, B, BLOCK_KB, BLOCK_B)
             hs = _decode_words(wd, BLOCK_N, BLOCK_KB, INTERP)
             sw = _fp16_scale(sb.to(tl.int32)).to(tl.float32)
             acc0 += _row_block_dots(hs, xa0, BLOCK_N, BLOCK_KB, INTERP) * sw

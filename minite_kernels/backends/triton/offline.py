@@ -34,6 +34,22 @@ DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON
 DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
 
 
+def pair_constexprs(
+    block_n: int, block_kb: int, block_b: int, *, stages: int = 1, prefetch: bool = False, split: int = 1
+) -> dict:
+    """The constexprs of ``decode._decode_pairs_kernel`` for one launch configuration, compiled (not
+    interpreted)."""
+    return {
+        "BLOCK_N": block_n,
+        "BLOCK_KB": block_kb,
+        "BLOCK_B": block_b,
+        "SPLIT": split,
+        "INTERP": False,
+        "STAGES": stages,
+        "PREFETCH": prefetch,
+    }
+
+
 def compile_offline(
     kernel,
     types: dict[str, str],
@@ -133,4 +149,5 @@ __all__ = [
     "compile_offline",
     "moving_conversions_in_loop",
     "ops_in_loop",
+    "pair_constexprs",
 ]
