@@ -26,8 +26,9 @@ Two kernels share that decode:
   are multiples of 2^-16 with ``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below
   ``8 * 36 * 4 = 1152 < 2048`` units, which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The
   two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
-  only the accumulation over blocks rounds (fp32). About 4 SASS instructions per weight and row in the K loop
-  at batch 1, against ~9 for the first formulation (scripts/kernel_asm.py).
+  only the accumulation over blocks rounds (fp32). About 4.2 SASS instructions per weight and row in the K
+  loop at batch 1 (4.5 with the register double buffer), against ~9 for the first formulation
+  (scripts/kernel_asm.py).
   Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
 - ``decode_linear`` (the first formulation: the benchmark baseline, and the backend's kernel for decode-sized
   activations quantized without pair words, e.g. with stochastic rounding): FMA path
@@ -969,7 +970,8 @@ def decode_linear_pairs(
 
     ``prefetch``: double-buffer the K loop in registers (the loads of tile ``i + 1`` are issued before tile
     ``i`` is computed, with no shared-memory round trip); ``stages`` > 1 pipelines it through shared memory
-    with Triton's asynchronous copies instead. The two exclude each other; neither changes the result."""
+    with Triton's asynchronous copies instead. The two exclude each other; neither changes the result.
+    Default (None, like the tile sizes): the launch defaults below, which double-buffer at one row only."""
     if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
         raise ValueError(
             "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
@@ -999,8 +1001,8 @@ def decode_linear_pairs(
     # buffer). Wide weights (6144+ rows: qkv, gate, gate_up) have programs enough to hide the latency in
     # 16 x 32-block tiles; the rest are latency-bound: 4 x 128 blocks for long K (o, down; 8 x 64 at 3-4
     # rows and K < 8192) and for narrow weights (k/v), 16 x 64 otherwise (q). The double buffer pays at one
-    # activation row only (in the block chain: 57.2 -> 56.4 us at batch 1; 64.8 -> 65.7 at 2, 83.9 -> 86.9
-    # at 4). Above 4 rows (several row groups) the eighth session's rule stays.
+    # activation row only (in the block chain, 86c148f: 57.2 -> 56.4 us at batch 1; 64.8 -> 65.7 at 2,
+    # 83.9 -> 86.9 at 4). Above 4 rows (several row groups) the eighth session's rule stays.
     if b > 4:
         cfg = (8, 64, 3, False) if n * k < (1 << 24) and n <= 2048 else (16, 32, 1, False)
     elif n >= 6144:
