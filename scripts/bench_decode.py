@@ -16,11 +16,14 @@ All times are microseconds of CUDA-graph replay (GPU time, median).
    before each group in both graphs, so that no PDL overlap crosses a group boundary the model does not
    have. Two copies of the block's weights are used in turn, so every weight comes from HBM, as in a model.
    ``speedup_chain = (bf16_chain_us - sep_us) / (pairs_chain_us - sep_us)`` (``sep_us``: the separators
-   alone); ``speedup_chain_with_sep`` keeps them in. ``--fused`` adds the block with q/k/v and gate/up
+   alone); ``speedup_chain_with_sep`` keeps them in. ``pairs_chain_prefetch_us`` /
+   ``pairs_chain_noprefetch_us``: the default tiles with and without the register double buffer of the
+   K loop (checked bit-identical first). ``--fused`` adds the block with q/k/v and gate/up
    concatenated into one weight each, for both (how vLLM and SGLang store them; cuBLAS is much faster on
    the fused shapes).
 3. ``--cold-sweep``: per shape (fused ones included) and batch, cuBLAS and the pair kernel's launch
-   configurations on weights streamed from HBM (128 MB of distinct weight copies per graph).
+   configurations on weights streamed from HBM (128 MB of distinct weight copies per graph); keys
+   ``{BLOCK_N}x{BLOCK_KB}w{warps}s{stages}``, or ``...r`` with the register double buffer.
 
     python scripts/bench_decode.py [--batches 1,2,4,8,16] [--only-chain] [--fused] [--sweep] [--cold-sweep]
         [--out decode.jsonl]
