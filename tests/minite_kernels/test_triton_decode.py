@@ -377,7 +377,7 @@ if torch.cuda.is_available():
             (32, 64, 4, 8, 2, False),
             (16, 32, 2, 4, 4, False),
             (16, 16, 1, 4, 3, False),
-            (4, 128, 1, 4, 2, True),  # the long-K default at batch 1 (down_proj)
+            (4, 128, 1, 4, 2, True),  # the long-K tiles (o, down) pipelined, then double-buffered
         )
         _check_pairs((1, 2, 3, 4, 5, 8, 16), n, k, (None, 1, 3), configs)
 
