@@ -79,9 +79,9 @@ decode)  # the pair decode kernel (seventh session): every GPU test with it rout
     step decode 150 python3 scripts/bench_decode.py --batches 1,2,4,8,16 --out "$out/decode.jsonl"
     ;;
 pdl)  # programmatic dependent launch on the decode path (eighth session)
-    step decode_tests 240 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
+    step decode_tests 320 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
         -p no:cacheprovider -rfE
-    step chain 150 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
+    step chain 140 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
         --out "$out/chain.jsonl"
     step cold 120 python3 scripts/bench_decode.py --only-chain --cold-sweep --batches 1,2,4 \
         --out "$out/cold.jsonl"
@@ -93,11 +93,11 @@ regbuf)  # the pair kernel's K loop double-buffered in registers (ninth session)
         --out "$out/chain.jsonl"
     ;;
 regcheck)  # the ninth session's launch defaults: block chains first, then the GPU tests they must pass
-    step chain 160 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
+    step chain 150 python3 scripts/bench_decode.py --only-chain --fused --batches 1,2,4,16 \
         --out "$out/chain.jsonl"
-    step decode_tests 400 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
+    step decode_tests 360 python3 -m pytest tests/minite_kernels/test_triton_decode.py -m gpu -q \
         -p no:cacheprovider -rfE
-    step patching_tests 90 python3 -m pytest tests/minite_kernels/test_patching.py -m gpu -q \
+    step patching_tests 60 python3 -m pytest tests/minite_kernels/test_patching.py -m gpu -q \
         -p no:cacheprovider -rfE
     ;;
 *)
