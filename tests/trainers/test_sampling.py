@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainers.rollout.local import LocalSampler, SamplingParams
+from trainers.rollout.rng import row_uniforms
 from trainers.rollout.sampling import inverse_cdf_sample, process_logits, sample_tokens
 
 
@@ -24,8 +25,7 @@ def test_process_logits_hand_computed():
 
 def test_inverse_cdf_matches_distribution_and_skips_zeros():
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2]]).repeat(20000, 1)
-    g = torch.Generator().manual_seed(0)
-    idx = inverse_cdf_sample(probs, g)
+    idx = inverse_cdf_sample(probs, row_uniforms(0, torch.arange(20000), 0))
     freq = torch.bincount(idx, minlength=4).float() / idx.numel()
     assert freq[1] == 0
     torch.testing.assert_close(freq, probs[0], atol=0.015, rtol=0)
@@ -36,6 +36,12 @@ def test_sample_tokens_returns_logprob_of_drawn_token():
     tok, lp = sample_tokens(z, greedy=True)
     assert tok.tolist() == [0, 2]
     torch.testing.assert_close(lp, torch.log(torch.tensor([0.7, 0.8])))
+    # u = 0.75 lands in row 0's second bin (cdf 0.7, 0.9) and row 1's third (cdf 0.1, 0.2, 1.0)
+    tok, lp = sample_tokens(z, torch.tensor([0.75, 0.75], dtype=torch.float64))
+    assert tok.tolist() == [1, 2]
+    torch.testing.assert_close(lp, torch.log(torch.tensor([0.2, 0.8])))
+    with pytest.raises(ValueError, match="one uniform per row"):
+        sample_tokens(z)
 
 
 def test_sampling_params_validation():
@@ -71,3 +77,28 @@ def test_batched_equals_single_with_left_padding(tiny_model):
     assert alone.token_ids == batched.token_ids
     assert max(abs(x - y) for x, y in zip(alone.logprobs, batched.logprobs)) < 1e-5
     assert math.isfinite(sum(alone.logprobs))
+
+
+def test_two_level_draw_equals_the_full_scan_on_exact_sums():
+    """Dyadic probabilities sum exactly in fp64 in any order: the block draw is then the full-vocabulary
+    inverse CDF, index for index, also across block borders and with a vocabulary that is no multiple of it."""
+    from trainers.rollout.sampling import CDF_BLOCK
+
+    g = torch.Generator().manual_seed(0)
+    v = 2 * CDF_BLOCK + 77
+    w = torch.randint(0, 4, (64, v), generator=g).double()  # zeros included
+    probs = w / 2.0**12
+    u = row_uniforms(3, torch.arange(64), 0)
+    cdf = probs.cumsum(-1)
+    full = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    got = inverse_cdf_sample(probs.float(), u)
+    assert torch.equal(got, full)
+    assert bool((probs.gather(-1, got.unsqueeze(-1)) > 0).all())
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 1.0 - 2.0**-53])
+def test_draw_never_picks_a_zero_probability_token(u):
+    probs = torch.zeros(1, 3000)
+    probs[0, [5, 1500, 2047]] = torch.tensor([0.2, 0.3, 0.5])
+    tok = inverse_cdf_sample(probs, torch.tensor([u], dtype=torch.float64))
+    assert int(tok) in (5, 1500, 2047)

@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from trainers.models import stop_token_ids
-from trainers.rollout.sampling import process_logits, sample_tokens, sampling_backend
+from trainers.rollout.rng import row_uniforms, seed_word
+from trainers.rollout.sampling import process_logits, sample_tokens
+
+#: what ``Completion.extra["sampling_backend"]`` and the run metadata name the draw: inverse-CDF in torch
+#: with the per-row counter streams of ``rng.py``
+DRAW = "torch-rowhash"
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,24 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids) [B, L] for left-padded prompts; positions count real tokens
+    from 0 (pads get 0), as in the learner's unpadded forward."""
+    B, L = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, L - len(p):] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def check_prompts(prompt_ids: list[list[int]]) -> None:
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+
+
 @dataclass
 class Completion:
     prompt_ids: list[int]
@@ -62,7 +85,11 @@ class Completion:
 
 
 class LocalSampler:
-    """Batched sampler returning per-token processed log-probs of the sampled tokens."""
+    """Batched sampler returning per-token processed log-probs of the sampled tokens (the CPU path, and the
+    reference the CUDA-graph engine is tested against). Row ``i`` of a call draws token ``t`` with
+    ``row_uniforms(seed, i, t)``, whatever the batch size."""
+
+    name = "loop"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None) -> None:
         self.model = model
@@ -82,31 +109,25 @@ class LocalSampler:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams = SamplingParams()) -> list[Completion]:
         if not prompt_ids:
             return []
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token")
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(int(params.seed))
+        check_prompts(prompt_ids)
         bs = self.batch_size or len(prompt_ids)
         out: list[Completion] = []
         for start in range(0, len(prompt_ids), bs):
-            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, gen))
+            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, start))
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator
-                        ) -> list[Completion]:
+    def describe(self) -> dict:
+        return {"sampler": self.name, "sampling_backend": DRAW}
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, row0: int) -> list[Completion]:
         from transformers import DynamicCache
 
         dev = self.device
         stops = torch.tensor(sorted(set(self.default_stop_ids) | set(params.stop_token_ids)) or [-1], device=dev)
-        backend = sampling_backend(dev)
         greedy = params.temperature == 0
-        B, L = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((B, L), dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            input_ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            mask[i, L - len(p):] = 1
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        key = seed_word(params.seed)
+        B = len(prompts)
+        input_ids, mask, position_ids = left_pad(prompts, self.pad_id, dev)
         cache = DynamicCache(config=self.model.config)
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
@@ -117,7 +138,8 @@ class LocalSampler:
         next_pos = position_ids[:, -1:] + 1
         for t in range(params.max_new_tokens):
             z = process_logits(out.logits[:, -1, :], params.temperature, params.top_k, params.top_p)
-            tok, lp = sample_tokens(z, greedy=greedy, generator=gen, backend=backend)
+            u = None if greedy else row_uniforms(torch.tensor(key), alive + row0, t)
+            tok, lp = sample_tokens(z, u, greedy=greedy)
             tok_l, lp_l = tok.tolist(), lp.tolist()
             rows = alive.tolist()
             for j, r in enumerate(rows):
@@ -137,5 +159,5 @@ class LocalSampler:
                              past_key_values=cache, use_cache=True)
             next_pos = next_pos + 1
         return [Completion(prompt_ids=list(p), token_ids=tokens[i], logprobs=logps[i], finish_reason=reasons[i],
-                           extra={"sampling_backend": backend})
+                           extra={"sampling_backend": DRAW})
                 for i, p in enumerate(prompts)]

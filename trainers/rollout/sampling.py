@@ -10,14 +10,14 @@ Example: logits [2, 1, 0], T = 2 -> z = [1, 0.5, 0]; logsumexp(z) = 1.6802 -> lo
 With top_k = 1, z = [1, -inf, -inf] and logp(0) = 0.
 
 T = 0 means greedy decoding; its log-probs are then those of the unscaled logits (T = 1).
-Sampling uses ``flashinfer.sampling.sampling_from_probs`` on CUDA tensors when flashinfer is importable,
-inverse-CDF sampling in torch otherwise; both draw from the same processed distribution.
+Sampling is inverse-CDF with one uniform per row from the per-row counter streams of ``rng.py``, so the
+same (seed, row, token index) draws the same token in the reference loop, in the CUDA-graph engine, on CPU
+and on GPU (given the same logits).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import torch.nn.functional as F
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
@@ -39,41 +39,43 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     return z
 
 
-@functools.lru_cache(maxsize=1)
-def flashinfer_sampling():
-    """The `flashinfer.sampling` module, or None when flashinfer is not installed."""
-    try:
-        import flashinfer.sampling as fs  # type: ignore[import-not-found]
-    except Exception:
-        return None
-    return fs
+#: the two-level draw's block: per row, one fp64 cumsum over V / BLOCK block sums and one over a block
+CDF_BLOCK = 1024
 
 
-def sampling_backend(device: torch.device | str) -> str:
-    return "flashinfer" if torch.device(device).type == "cuda" and flashinfer_sampling() is not None else "torch"
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One categorical draw per row: the first index whose cumulative probability exceeds ``t = u * total``.
 
+    ``u`` holds one fp64 uniform in [0, 1) per row (``trainers.rollout.rng.row_uniforms``). Two levels, in
+    fp64: the block of ``CDF_BLOCK`` tokens whose cumulative block sum first exceeds t, then the token within
+    it (a full-vocabulary fp64 scan per row costs more than the rest of the draw on a GPU). A zero-probability
+    token is never drawn: its cumulative sum equals its predecessor's, so it is never the first to exceed t.
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One categorical draw per row: the first index whose cumulative probability exceeds u * total.
-
-    One uniform per row and an fp64 cumsum (much faster than ``torch.multinomial`` on 150k-token vocabularies
-    on CPU). A zero-probability token never has cdf[i] > cdf[i-1], so it is never drawn.
+    Example: probs [0.5, 0, 0.5], u = 0.6 -> t = 0.6, cdf [0.5, 0.5, 1.0], the first cdf > 0.6 is index 2.
     """
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
-    return idx.clamp(max=probs.shape[-1] - 1)
+    b, v = probs.shape
+    nb = -(-v // CDF_BLOCK)
+    p = F.pad(probs.double(), (0, nb * CDF_BLOCK - v)).view(b, nb, CDF_BLOCK)
+    block_cdf = p.sum(-1).cumsum(-1)                                              # [B, nb]
+    t = u.to(torch.float64).unsqueeze(-1) * block_cdf[:, -1:]                     # [B, 1]
+    j = torch.searchsorted(block_cdf, t, right=True).clamp(max=nb - 1)            # [B, 1]
+    before = torch.where(j > 0, block_cdf.gather(-1, (j - 1).clamp(min=0)), 0.0)
+    inner = p.gather(1, j.unsqueeze(-1).expand(b, 1, CDF_BLOCK)).squeeze(1).cumsum(-1) + before
+    # rounding may leave t at or past the block's end: aim just below it (its last nonzero token)
+    t = torch.minimum(t, torch.nextafter(inner[:, -1:], torch.zeros_like(t)))
+    i = torch.searchsorted(inner, t, right=True).clamp(max=CDF_BLOCK - 1)
+    return (j * CDF_BLOCK + i).squeeze(-1).clamp(max=v - 1)
 
 
-def sample_tokens(processed: torch.Tensor, *, greedy: bool = False, generator: torch.Generator | None = None,
-                  backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row from softmax(processed); return (token_ids int64 [B], logprobs fp32 [B])."""
+def sample_tokens(processed: torch.Tensor, u: torch.Tensor | None = None, *, greedy: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from softmax(processed) with the row uniforms ``u`` (argmax when ``greedy``);
+    return (token_ids int64 [B], logprobs fp32 [B]). No host synchronisation: CUDA-graph safe."""
     logp = torch.log_softmax(processed, dim=-1)
     if greedy:
         tokens = processed.argmax(dim=-1)
-    elif backend == "flashinfer":
-        fs = flashinfer_sampling()
-        tokens = fs.sampling_from_probs(logp.exp(), deterministic=True, generator=generator).long()
     else:
-        tokens = inverse_cdf_sample(logp.exp(), generator)
+        if u is None:
+            raise ValueError("sampling needs one uniform per row (u); pass greedy=True for argmax decoding")
+        tokens = inverse_cdf_sample(logp.exp(), u)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
