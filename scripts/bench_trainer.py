@@ -3,14 +3,16 @@
     python scripts/bench_trainer.py                       # CUDA: randomly initialised Qwen3-0.6B-shaped model
     python scripts/bench_trainer.py --device cpu --tiny --reps 1 --prompts 2 --n 2 --max-new-tokens 8   # smoke
 
-Both precisions run the trainer's own components: our KV-cache sampler (``trainers.rollout.local``), the
+Both precisions run the trainer's own components: its sampler (``--sampler``: ``auto`` is the CUDA-graph engine
+on CUDA, ``loop`` the reference KV-cache loop), the
 chunked log-prob recompute (``trainers.learner.logprobs``), AdamW with gradient clipping, minite's
 ``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
-training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step).
+training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step: on CUDA with
+Triton, ``ModelWeightSync`` into the buffers the sampler's graphs read, then a 1-token forward, as the trainer).
 The loss is a token-mean importance-weighted policy-gradient surrogate on fixed +-1 advantages: its arithmetic
 is negligible next to the forward/backward, and it keeps the benchmark free of verl/Ray, which the GPU
 machine does not have. The model is a random Qwen3 with Qwen3-0.6B's shapes (28 layers, hidden 1024,
-MLP 3072, 16 query / 8 KV heads of 128, vocab 151,669, tied embeddings) in bf16, tokenized with the real
+MLP 3072, 16 query / 8 KV heads of 128, vocab 151,936 as in its config, tied embeddings) in bf16, tokenized with the real
 Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same weights. EOS is ignored so
 both recipes generate the same number of tokens. One warm-up step, then ``--reps`` timed steps; medians are
 reported. Each phase is timed with device synchronisation around it (phases last seconds).
@@ -31,9 +33,6 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
-
 
 def _timed(store: dict, key: str, device, fn):
     import torch
@@ -48,7 +47,8 @@ def _timed(store: dict, key: str, device, fn):
     return out
 
 
-def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int) -> dict:
+def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
+             weight_sync=None) -> dict:
     import torch
 
     from trainers.learner.batch import collate
@@ -97,6 +97,8 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
 
     def sync():
         if patched:  # quantized weight caches are keyed on the parameter version: the next forward re-quantizes
+            if weight_sync is not None:
+                weight_sync.sync()
             with torch.no_grad():
                 model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
 
@@ -120,20 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (CPU smoke test)")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    ap.add_argument("--sampler", default="auto", choices=("auto", "graph", "loop"))
     a = ap.parse_args(argv)
 
     import torch
 
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
-    from trainers.models import tiny_random_qwen3
-    from trainers.rollout.local import LocalSampler, SamplingParams
+    from trainers.engines.local import _triton_kernels_ok
+    from trainers.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
+    from trainers.rollout import SamplingParams, make_sampler
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
     dev = torch.device(a.device)
-    shapes = {} if a.tiny else QWEN3_06B
+    shapes = {} if a.tiny else QWEN3_0_6B_SHAPES
     base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype, **shapes)
     examples = arithmetic_examples(a.prompts, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
@@ -147,21 +151,27 @@ def main(argv: list[str] | None = None) -> int:
             rep = quantize_model(model, recipe, backend=a.backend)
             precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
                          "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
-        sampler = LocalSampler(model, tok)
+        sampler = make_sampler(model, tok, engine=a.sampler)
         if a.ignore_eos:
             sampler.default_stop_ids = ()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        weight_sync = None
+        if precision["patched"] and _triton_kernels_ok(dev):
+            from minite_kernels.modules.weight_sync import ModelWeightSync
+
+            weight_sync = ModelWeightSync(model)
         rows = []
         for step in range(a.reps + 1):
             params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
             m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
-                         patched=precision["patched"], seed=step)
+                         patched=precision["patched"], seed=step, weight_sync=weight_sync)
             if step > 0:
                 rows.append(m)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
         med["precision"] = precision
+        med["sampler"] = sampler.describe()
         results[recipe] = med
         del model, sampler, opt
         if dev.type == "cuda":

@@ -155,6 +155,13 @@ def load_model_and_tokenizer(path: str | os.PathLike | None = None, *, dtype: st
     return model, tok
 
 
+#: Qwen3-0.6B's shapes (28 layers, hidden 1024, MLP 3072, 16 query / 8 KV heads of 128, tied embeddings, the
+#: config's padded vocabulary of 151,936 rows): the benchmarks' random stand-in, as
+#: ``tiny_random_qwen3(tok_dir, **QWEN3_0_6B_SHAPES)``
+QWEN3_0_6B_SHAPES = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
+
+
 def tiny_random_qwen3(tokenizer_dir: str | os.PathLike, *, seed: int = 0, dtype: str | torch.dtype = "float32",
                       **config_overrides: Any):
     """A ~10M-parameter random Qwen3 (vocab of the real Qwen3 tokenizer) for CPU tests."""

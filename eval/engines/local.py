@@ -1,5 +1,6 @@
 """``engine=local``: a transformers model (optionally with a minite precision recipe) sampled by the
-trainer's own batched KV-cache loop (``trainers.rollout.local.LocalSampler``), on CPU or one GPU.
+trainer's own sampler (``trainers.rollout.make_sampler``: the CUDA-graph engine on a GPU, the batched
+KV-cache loop on CPU).
 
 Batching: the k samples of every prompt are laid out adjacent, prompts sorted by token length (less
 padding), and cut into batches of ``batch_size`` sequences; batch b of a task is sampled with seed
@@ -33,13 +34,13 @@ class LocalEngine(Engine):
     name = "local"
 
     def __init__(self, model, tokenizer, *, precision: str | None = None, info: dict | None = None) -> None:
-        from trainers.rollout.local import LocalSampler
+        from trainers.rollout import make_sampler
 
         self.model = model
         self.tokenizer = tokenizer
         self.precision = precision
         self.quantization = apply_precision(model, precision) if precision else None
-        self.sampler = LocalSampler(model, tokenizer)
+        self.sampler = make_sampler(model, tokenizer)
         self.info = dict(info or {})
 
     @classmethod
@@ -78,7 +79,7 @@ class LocalEngine(Engine):
         import torch
 
         p = next(self.model.parameters())
-        return {"engine": "local", "sampler": "trainers.rollout.local.LocalSampler", **self.info,
+        return {"engine": "local", "sampler": self.sampler.describe(), **self.info,
                 "dtype": str(p.dtype).replace("torch.", ""), "device": str(p.device),
                 "precision": self.precision or "none (model dtype)", "quantization": self.quantization,
                 "torch": torch.__version__,

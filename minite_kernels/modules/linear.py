@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minite_kernels.backends import Backend, get_backend
+from minite_kernels.modules.compile_op import compiled_forward, register
 from minite_kernels.modules.functional import WeightCache, _Memo, qlinear
 from minite_kernels.recipes import PrecisionRecipe, get_qlinear_params
 
@@ -51,6 +52,7 @@ class QuantizedLinearMixin:
         self._weight_cache = WeightCache()
         self.generator = None
         self._dispatch_memo = _Memo()  # (recipe, recipe.quantized, backend_name, device, backend)
+        register(self)
 
     @property
     def recipe(self) -> PrecisionRecipe:
@@ -71,6 +73,7 @@ class QuantizedLinearMixin:
         r = self.qlinear_params
         if d is None or d[0] is not r or d[2] != self.backend_name or d[3] != device:
             d = slot.value = (r, r.quantized, self.backend_name, device, self.backend_for(device))
+            register(self)  # a deep copy's memo starts empty: this registers the copy for compile_op
         elif self._backend_obj is not None and d[4] is not self._backend_obj:
             d = slot.value = (r, r.quantized, self.backend_name, device, self._backend_obj)
         return d
@@ -175,6 +178,8 @@ class Linear(QuantizedLinearMixin, nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # traced by torch.compile: one opaque custom op (compile_op.py)
+            return compiled_forward(self, x, self.weight, self.bias)
         return self._apply_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -29,7 +29,7 @@ from trainers.learner.batch import RolloutBatch, collate
 from trainers.learner.logprobs import response_logprobs
 from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import load_reward_fn, score_one
-from trainers.rollout.local import LocalSampler, SamplingParams
+from trainers.rollout import SamplingParams, make_sampler
 from trainers.tracking import Tracker
 
 ENV_ECHO_PREFIXES = ("MINITE_", "WANDB_MODE", "WANDB_PROJECT", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
@@ -191,7 +191,8 @@ class LocalTrainer:
             self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
                                                             device=str(self.device))
         self.precision = apply_precision(self.model, cfg, self.run_dir)
-        self.sampler = LocalSampler(self.model, self.tok, batch_size=cfg.rollout.batch_size)
+        self.sampler = make_sampler(self.model, self.tok, batch_size=cfg.rollout.batch_size,
+                                    engine=cfg.rollout.sampler)
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
                                        cfg.data.shuffle)
         self._prompt_cache: dict[int, list[int]] = {}
@@ -242,16 +243,11 @@ class LocalTrainer:
                 "cpu_threads": self.cpu_threads, "optimizer": self.optim_impl,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
                 "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
-                "sampling_backend": "flashinfer" if self.sampler_backend() == "flashinfer" else "torch",
+                "sampler": self.sampler.describe(),
                 "num_examples": len(self.examples)}
         _write_meta(self.run_dir, meta)
         self.meta = meta
         print(to_yaml(cfg), file=sys.stderr)
-
-    def sampler_backend(self) -> str:
-        from trainers.rollout.sampling import sampling_backend
-
-        return sampling_backend(self.device)
 
     # ----------------------------------------------------------------------------------------------- step
     def _prompt_ids(self, ex) -> list[int]:
@@ -469,6 +465,7 @@ class LocalTrainer:
                     self.save(done)
         finally:
             tracker.close()
+            _write_meta(self.run_dir, {"sampler": self.sampler.describe()})
         return {"run_dir": str(self.run_dir), "last_step_metrics": last,
                 "checkpoint": str(latest_checkpoint(self.ckpt_root) or "")}
 

@@ -1,0 +1,232 @@
+"""Rollout throughput, side by side in one process on the same model and prompts.
+
+    python scripts/bench_rollout.py                      # CUDA: random Qwen3-0.6B-shaped model, 64 x 256 tokens
+    python scripts/bench_rollout.py --device cpu --tiny --seqs 4 --max-new-tokens 8 --variants graph_bf16,loop_bf16
+
+Variants (``--variants``, comma-separated):
+
+- ``graph_bf16`` / ``graph_nvfp4``: the CUDA-graph engine (``trainers.rollout.graph_sampler``), the model in
+  bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
+- ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
+- ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``trainers.rollout.local``);
+- ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
+  (its auto-compiled decode; the NVFP4 linears go through ``torch.compile`` as minite's custom op).
+
+EOS is ignored (every sequence runs to ``--max-new-tokens``; HF via ``min_new_tokens``), sampling at T = 1.
+Each variant runs once untimed (capture / compile / warm-up), then ``--reps`` timed runs; the median is
+reported. Tokens/s counts generated tokens over the whole ``generate`` call (prefill included).
+
+Bandwidth floor: a decode step must read every weight once, so ``seqs / (weight_bytes / copy_bw)`` tokens/s
+bounds any sampler from above (KV-cache reads aside). ``copy_bw`` is measured here (a 1 GiB device copy,
+read + write bytes / time); ``weight_bytes`` is the bf16 size of the decoder and lm_head (the embedding
+rows read per token are negligible), and for NVFP4 the quantized linears at 0.5625 bytes/parameter (packed
+E2M1 + E4M3 scales): the floor an NVFP4 decode could reach, whatever GEMM it runs now.
+
+``--profile DIR`` writes a kernel table (torch.profiler, GPU time per kernel name) of one timed run of each
+graph/eager variant, and the GPU-busy fraction of the run's wall time.
+
+Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+VARIANTS = ("graph_bf16", "graph_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+            "hf_static_nvfp4")
+NVFP4 = "nvfp4_per_token_bf16_bwd"
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def copy_bandwidth(dev) -> float | None:
+    """Device copy bandwidth in bytes/s (read + write), median of 5 copies of 1 GiB."""
+    import torch
+
+    if dev.type != "cuda":
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        _sync(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    return 2 * (1 << 30) / statistics.median(times[1:])
+
+
+def weight_bytes(model, report=None) -> float:
+    """Bytes one decode step reads: decoder + lm_head weights (tied embeddings counted once)."""
+    quantized = set()
+    if report is not None:
+        quantized = {e.name for e in report.layers if e.status == "quantized"}
+    total, seen = 0.0, set()
+    for name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen or (name.endswith("embed_tokens") and not model.config.tie_word_embeddings):
+                continue
+            seen.add(id(p))
+            packed = name in quantized and pname == "weight"
+            total += p.numel() * (0.5625 if packed else p.element_size())
+    return total
+
+
+def _profile(dev, fn, out_dir: pathlib.Path, tag: str) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        wall = time.perf_counter() - t0
+    rows = []
+    for e in prof.key_averages():
+        dt = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if dt and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"kernel": e.key[:120], "calls": e.count, "gpu_ms": dt / 1e3})
+    rows.sort(key=lambda r: -r["gpu_ms"])
+    busy = sum(r["gpu_ms"] for r in rows) / 1e3
+    summary = {"wall_s": wall, "gpu_kernel_s": busy, "gpu_busy_frac": busy / wall if wall else None,
+               "kernels": rows[:40]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"profile_{tag}.json").write_text(json.dumps(summary, indent=1))
+    return {k: v for k, v in summary.items() if k != "kernels"} | {"top": rows[:8]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--variants", default="graph_bf16,graph_nvfp4,loop_bf16,hf_static_bf16")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--loop-reps", type=int, default=1, help="timed runs of the (slow) loop variants")
+    ap.add_argument("--check-every", type=int, default=8)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (CPU smoke test)")
+    ap.add_argument("--profile", default=None, help="directory for per-variant kernel tables")
+    a = ap.parse_args(argv)
+    bad = [v for v in a.variants.split(",") if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variant(s) {', '.join(bad)}; valid: {', '.join(VARIANTS)}")
+
+    import torch
+
+    from trainers.config import DataConfig
+    from trainers.data import arithmetic_examples, render_prompt
+    from trainers.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
+    from trainers.rollout import GraphSampler, LocalSampler, SamplingParams
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
+        return 1
+    dev = torch.device(a.device)
+    base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype,
+                                  **({} if a.tiny else QWEN3_0_6B_SHAPES))
+    examples = arithmetic_examples(a.seqs, (3,), seed=0)
+    prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples]
+    T = a.max_new_tokens
+    bw = copy_bandwidth(dev)
+    results: dict[str, dict] = {}
+    models: dict[str, tuple] = {}
+
+    def model_for(prec: str):
+        if prec not in models:
+            m = copy.deepcopy(base).to(dev)
+            rep = None
+            if prec == "nvfp4":
+                from minite_kernels import quantize_model
+
+                rep = quantize_model(m, NVFP4)
+            models[prec] = (m, rep)
+        return models[prec]
+
+    for variant in a.variants.split(","):
+        kind, prec = variant.rsplit("_", 1)
+        model, rep = model_for(prec)
+        params = SamplingParams(max_new_tokens=T, seed=0)
+        sampler = None
+        if kind in ("graph", "eager"):
+            sampler = GraphSampler(model, tok, graphs=kind == "graph", check_every=a.check_every)
+        elif kind == "loop":
+            sampler = LocalSampler(model, tok)
+        if sampler is not None:
+            sampler.default_stop_ids = ()
+
+            def run():
+                return sampler.generate(prompts, params)
+        else:
+            from trainers.rollout.local import left_pad
+
+            ids, mask, _ = left_pad(prompts, sampler_pad(tok), dev)
+
+            def run():
+                return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T,
+                                      do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                      cache_implementation="static", pad_token_id=sampler_pad(tok))
+        entry: dict = {}
+        try:
+            t0 = time.perf_counter()
+            out = run()
+            _sync(dev)
+            entry["first_call_s"] = time.perf_counter() - t0
+            n_tok = sum(len(c.token_ids) for c in out) if sampler is not None else int(out[:, ids.shape[1]:].numel())
+            times = []
+            for _ in range(a.loop_reps if kind == "loop" else a.reps):
+                _sync(dev)
+                t0 = time.perf_counter()
+                run()
+                _sync(dev)
+                times.append(time.perf_counter() - t0)
+            sec = statistics.median(times)
+            entry.update({"seconds": sec, "tokens": n_tok, "tokens_per_s": n_tok / sec, "runs": len(times)})
+            wb = weight_bytes(model, rep)
+            entry["weight_bytes"] = wb
+            if bw:
+                floor = a.seqs / (wb / bw)
+                entry["floor_tokens_per_s"] = floor
+                entry["fraction_of_floor"] = entry["tokens_per_s"] / floor
+            if sampler is not None:
+                entry["sampler"] = sampler.describe()
+            if a.profile and kind in ("graph", "eager"):
+                entry["profile"] = _profile(dev, run, pathlib.Path(a.profile), variant)
+        except Exception as e:  # noqa: BLE001 - a failing baseline is a result too
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        results[variant] = entry
+        print(f"[bench_rollout] {variant}: {json.dumps(entry)[:400]}", file=sys.stderr)
+    ref = results.get("graph_bf16", {}).get("tokens_per_s")
+    speedup = {v: r["tokens_per_s"] / ref for v, r in results.items() if ref and "tokens_per_s" in r}
+    out = {"bench": "rollout", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype, "seqs": a.seqs,
+           "max_new_tokens": T, "prompt_tokens_max": max(len(p) for p in prompts), "reps": a.reps,
+           "copy_bw_bytes_per_s": bw, "torch": torch.__version__, "results": results,
+           "relative_to_graph_bf16": speedup,
+           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(json.dumps(out))
+    return 0
+
+
+def sampler_pad(tok) -> int:
+    return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue #19 (CUDA-graph sampler) on a lent H200, in device calls of at most 10 minutes each:
+#   bash scripts/h200_issue19.sh first    # engine GPU tests, then rollout bench (engine bf16/NVFP4, loop, HF static)
+#   bash scripts/h200_issue19.sh step     # whole GRPO step bf16 vs NVFP4 with the engine, then the GPU suite
+#   bash scripts/h200_issue19.sh rollout  # rollout bench only, with kernel profiles
+# Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
+# exit status and last line, so a step that runs out of time still leaves the others' results.
+set -u
+out=${OUT:-h200_out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 secs=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$secs" "$@" > "$out/$name.log" 2>&1
+    echo "$name rc=$? $((SECONDS - t0))s $(tail -n 1 "$out/$name.log" | cut -c1-300)" >> "$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt" 2>&1
+git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
+case "${1:-}" in
+first)
+    step gpu_tests 170 python3 -m pytest tests/trainers/test_graph_sampler.py tests/minite_kernels/test_compile_op.py \
+        -m gpu -q -p no:cacheprovider -rfE
+    step trainer 120 python3 scripts/bench_trainer.py --reps 2
+    step rollout 290 python3 scripts/bench_rollout.py \
+        --variants graph_bf16,graph_nvfp4,loop_bf16,hf_static_bf16,hf_static_nvfp4 --profile "$out/prof"
+    ;;
+step)
+    step trainer 330 python3 scripts/bench_trainer.py --reps 2
+    step gpu_suite 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
+    ;;
+rollout)
+    step rollout 560 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,eager_bf16,eager_nvfp4 \
+        --profile "$out/prof"
+    ;;
+*)
+    echo "usage: $0 first|step|rollout" >&2
+    exit 2
+    ;;
+esac
+cat "$out/summary.txt"

@@ -1,0 +1,289 @@
+"""The CUDA-graph sampler engine against the reference loop (eager on CPU; captured graphs on the GPU)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from trainers.rollout import GraphSampler, LocalSampler, SamplingParams, make_sampler
+from trainers.rollout.decoder import UnsupportedModel, decoder_view
+from trainers.rollout.graph_sampler import bucket_of
+
+gpu = pytest.mark.gpu
+
+
+def _prompts(vocab: int, lengths=(3, 1, 11, 2, 7, 5, 4, 9), seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _tiny(kind: str, *, tied: bool = True, dtype=torch.float32, device="cpu"):
+    """A tiny random llama / qwen2 / qwen3 with a 512-token vocabulary and a stand-in tokenizer (pad 0, eos 1)."""
+    import transformers as tf
+
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=tied, eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+           "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[kind]
+    extra = {"head_dim": 16} if kind == "qwen3" else {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = cls[1](cls[0](**common, **extra))
+    model.to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = 1
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    return model, tok
+
+
+def _compare(ref, got, atol: float) -> None:
+    assert [c.token_ids for c in got] == [c.token_ids for c in ref]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in ref]
+    for r, g in zip(ref, got):
+        assert len(g.logprobs) == len(g.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), atol=atol, rtol=0)
+
+
+PARAMS = [
+    SamplingParams(max_new_tokens=12, temperature=0.0),
+    SamplingParams(max_new_tokens=12, seed=3),
+    SamplingParams(max_new_tokens=12, seed=4, temperature=0.7, top_k=20, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize("kind,tied", [("qwen3", True), ("qwen3", False), ("qwen2", False), ("llama", True)])
+def test_engine_matches_reference_loop_fp32(kind, tied):
+    model, tok = _tiny(kind, tied=tied)
+    prompts = _prompts(512)
+    for p in PARAMS:
+        ref = LocalSampler(model, tok).generate(prompts, p)
+        _compare(ref, GraphSampler(model, tok).generate(prompts, p), atol=1e-5)
+
+
+def test_engine_qwen3_real_tokenizer(tiny_model):
+    model, tok = tiny_model
+    prompts = [tok.encode("a b c"), tok.encode("one"), tok.encode("a much longer prompt with many more tokens")]
+    p = SamplingParams(max_new_tokens=10, seed=1)
+    _compare(LocalSampler(model, tok).generate(prompts, p), GraphSampler(model, tok).generate(prompts, p), 1e-5)
+
+
+def test_early_stops_compact_through_every_bucket():
+    """Rows stop at different tokens; checking every token compacts 8 -> 4 -> 2 -> 1 and the results still
+    equal the loop's (which drops finished rows at once)."""
+    model, tok = _tiny("qwen3")
+    prompts = _prompts(512)
+    base = SamplingParams(max_new_tokens=16, seed=11)
+    free = LocalSampler(model, tok).generate(prompts, base)
+    # stop row i at its token 2 * i (rows 0..6), row 7 runs to the length limit unless a stop token recurs
+    stops = tuple(sorted({free[i].token_ids[2 * i] for i in range(7)} - set(free[7].token_ids)))
+    p = SamplingParams(max_new_tokens=16, seed=11, stop_token_ids=stops)
+    ref = LocalSampler(model, tok).generate(prompts, p)
+    eng = GraphSampler(model, tok, check_every=1)
+    got = eng.generate(prompts, p)
+    _compare(ref, got, atol=1e-5)
+    assert sum(c.finish_reason == "stop" for c in got) >= 5 and got[7].finish_reason == "length"
+    assert eng.stats["compactions"] >= 2
+    assert sorted({len(c.token_ids) for c in got}) == sorted({len(c.token_ids) for c in ref})
+
+
+def test_batch_size_and_draws_do_not_depend_on_layout():
+    model, tok = _tiny("qwen3")
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=8, seed=5)
+    whole = GraphSampler(model, tok).generate(prompts, p)
+    split = GraphSampler(model, tok, batch_size=3).generate(prompts, p)  # batches of 3, 3, 2: buckets 4 and 2
+    _compare(whole, split, atol=1e-5)
+    loop_split = LocalSampler(model, tok, batch_size=3).generate(prompts, p)
+    _compare(whole, loop_split, atol=1e-5)
+
+
+def test_same_seed_same_tokens_new_seed_new_tokens_and_restart():
+    model, tok = _tiny("qwen3")
+    prompts = _prompts(512)
+    eng = GraphSampler(model, tok)
+    a = eng.generate(prompts, SamplingParams(max_new_tokens=8, seed=9))
+    b = eng.generate(prompts, SamplingParams(max_new_tokens=8, seed=9))
+    c = eng.generate(prompts, SamplingParams(max_new_tokens=8, seed=10))
+    restarted = GraphSampler(model, tok).generate(prompts, SamplingParams(max_new_tokens=8, seed=9))
+    assert [x.token_ids for x in a] == [x.token_ids for x in b] == [x.token_ids for x in restarted]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+
+
+def test_longer_call_reallocates_the_cache():
+    model, tok = _tiny("qwen3")
+    eng = GraphSampler(model, tok)
+    eng.generate(_prompts(512, (2, 3)), SamplingParams(max_new_tokens=4, temperature=0.0))
+    seq = eng._state.seq
+    long = _prompts(512, (3, 150))
+    p = SamplingParams(max_new_tokens=40, temperature=0.0)
+    _compare(LocalSampler(model, tok).generate(long, p), eng.generate(long, p), atol=1e-5)
+    assert eng._state.seq > seq
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_fused_functions_are_the_modules_bit_for_bit_eagerly(kind):
+    model, tok = _tiny(kind)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=10, seed=2)
+    fused = GraphSampler(model, tok, fused=True)
+    assert fused.describe()["fused"] == "eager"
+    _compare(GraphSampler(model, tok, fused=False).generate(prompts, p), fused.generate(prompts, p), atol=0.0)
+
+
+def test_fused_refuses_models_it_does_not_cover():
+    model, tok = _tiny("qwen3")
+    model.model.layers[0].mlp.act_fn = torch.nn.GELU()
+    assert GraphSampler(model, tok).describe()["fused_off_reason"] == "layer 0's MLP activation is GELU, not SiLU"
+    with pytest.raises(ValueError, match="fused=True: layer 0's MLP activation is GELU"):
+        GraphSampler(model, tok, fused=True)
+
+
+def test_bucket_of():
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+
+
+def test_unsupported_models_are_refused_with_the_reason():
+    model, tok = _tiny("qwen3")
+    model.model.layers[1].self_attn.sliding_window = 16
+    with pytest.raises(UnsupportedModel, match="layer 1 uses sliding-window attention"):
+        decoder_view(model)
+    model, tok = _tiny("qwen3")
+    model.config.model_type = "gemma3"
+    with pytest.raises(UnsupportedModel, match="model_type 'gemma3' is not one of llama, qwen2, qwen3"):
+        decoder_view(model)
+    model, tok = _tiny("qwen3")
+    model.model.rotary_emb.rope_type = "dynamic"
+    with pytest.raises(UnsupportedModel, match="rope_type 'dynamic'"):
+        GraphSampler(model, tok)
+
+
+def test_make_sampler_choices():
+    model, tok = _tiny("qwen3")
+    assert isinstance(make_sampler(model, tok), LocalSampler)  # auto on CPU: the loop
+    assert isinstance(make_sampler(model, tok, engine="graph"), GraphSampler)
+    assert isinstance(make_sampler(model, tok, engine="loop"), LocalSampler)
+    with pytest.raises(ValueError, match="unknown sampler engine 'cuda'; valid: auto, graph, loop"):
+        make_sampler(model, tok, engine="cuda")
+    d = GraphSampler(model, tok).describe()
+    assert d["decode"] == "eager" and d["eager_reason"] == "not a CUDA device"
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+def _cuda_model(kind="qwen3", dtype=torch.float32, **kw):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return _tiny(kind, dtype=dtype, device="cuda", **kw)
+
+
+@gpu
+@pytest.mark.parametrize("kind,tied", [("qwen3", True), ("qwen2", False), ("llama", True)])
+def test_gpu_graphs_match_reference_fp32(kind, tied):
+    model, tok = _cuda_model(kind, tied=tied)
+    prompts = _prompts(512)
+    eng = GraphSampler(model, tok, graphs=True)
+    for p in PARAMS:
+        _compare(LocalSampler(model, tok).generate(prompts, p), eng.generate(prompts, p), atol=1e-5)
+    d = eng.describe()
+    assert d["decode"] == "cuda_graph" and d["captures"] >= 1 and d["replays"] > 0
+
+
+@gpu
+def test_gpu_graph_replay_equals_eager_bf16_every_bucket():
+    """Replayed graphs compute exactly what the same step computes eagerly (same kernels, same inputs)."""
+    model, tok = _cuda_model(dtype=torch.bfloat16)
+    prompts = _prompts(512)
+    base = SamplingParams(max_new_tokens=24, seed=2)
+    free = GraphSampler(model, tok, graphs=False).generate(prompts, base)
+    stops = tuple(sorted({free[i].token_ids[3 * i] for i in range(7)} - set(free[7].token_ids)))
+    p = SamplingParams(max_new_tokens=24, seed=2, stop_token_ids=stops)
+    eager = GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p)
+    eng = GraphSampler(model, tok, graphs=True, check_every=1)
+    got = eng.generate(prompts, p)
+    _compare(eager, got, atol=0.0)
+    assert {k[0] for k in eng._graphs} >= {8, 1} and eng.stats["compactions"] >= 2
+
+
+@gpu
+def test_gpu_bf16_against_reference_loop_measured_tolerance():
+    """bf16: the engine's attention reduces in another order than HF's, so greedy paths may part after a
+    near-tie; up to the first differing token the log-probs agree within 0.05 (bf16 logits' resolution)."""
+    model, tok = _cuda_model(dtype=torch.bfloat16)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=32, temperature=0.0)
+    ref = LocalSampler(model, tok).generate(prompts, p)
+    got = GraphSampler(model, tok, graphs=True).generate(prompts, p)
+    worst, same = 0.0, 0
+    for r, g in zip(ref, got):
+        n = next((i for i, (x, y) in enumerate(zip(r.token_ids, g.token_ids)) if x != y), len(r.token_ids))
+        same += n
+        if n:
+            worst = max(worst, max(abs(x - y) for x, y in zip(r.logprobs[:n], g.logprobs[:n])))
+    assert worst < 0.05 and same >= 0.5 * sum(len(r.token_ids) for r in ref)
+
+
+@gpu
+def test_gpu_weight_update_changes_graph_output_without_recapture():
+    model, tok = _cuda_model(dtype=torch.bfloat16)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=12, seed=1)
+    eng = GraphSampler(model, tok, graphs=True)
+    before = eng.generate(prompts, p)
+    captures = eng.stats["captures"]
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(torch.randn_like(prm) * 0.05)
+    after = eng.generate(prompts, p)
+    assert eng.stats["captures"] == captures  # same graphs, new weights
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    _compare(GraphSampler(model, tok, graphs=False).generate(prompts, p), after, atol=0.0)
+
+
+def _nvfp4_model():
+    pytest.importorskip("triton")
+    import transformers as tf
+
+    from minite_kernels import quantize_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = tf.Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    model = tf.Qwen3ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model.generation_config.eos_token_id = 1
+    report = quantize_model(model, "nvfp4_per_token_bf16_bwd")
+    return model, types.SimpleNamespace(pad_token_id=0, eos_token_id=1), report
+
+
+@gpu
+def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
+    """minite-patched linears (Triton backend) are captured: the decode kernels at 1-4 rows and the
+    dequantized-weight GEMM above; ModelWeightSync re-quantizes into the buffers the graphs read."""
+    from minite_kernels.modules.weight_sync import ModelWeightSync
+
+    model, tok, report = _nvfp4_model()
+    prompts = _prompts(512)
+    base = SamplingParams(max_new_tokens=20, seed=6)
+    free = GraphSampler(model, tok, graphs=False).generate(prompts, base)
+    stops = tuple(sorted({free[i].token_ids[2 * i + 1] for i in range(7)} - set(free[7].token_ids)))
+    p = SamplingParams(max_new_tokens=20, seed=6, stop_token_ids=stops)
+    eng = GraphSampler(model, tok, graphs=True, check_every=1)
+    got = eng.generate(prompts, p)
+    assert eng.describe()["decode"] == "cuda_graph", eng.describe()
+    _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), got, atol=0.0)
+    assert eng.stats["compactions"] >= 1  # smaller buckets ran through the packed decode kernel (<= 4 rows)
+
+    sync = ModelWeightSync(model)
+    sync.sync()
+    eng.generate(prompts, p)  # graphs now read the sync's buffers
+    captures = eng.stats["captures"]
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(torch.randn_like(prm) * 0.05)
+    sync.sync()
+    after = eng.generate(prompts, p)
+    assert eng.stats["captures"] == captures
+    assert [c.token_ids for c in after] != [c.token_ids for c in got]
+    _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), after, atol=0.0)

@@ -1,0 +1,77 @@
+"""The decode step's elementwise work as a few fused functions (compiled by ``torch.compile`` on CUDA).
+
+At decode batch sizes the step's GEMMs are short, and a per-op forward spends most of its GPU time in small
+elementwise kernels: HF's RMSNorm alone is seven launches (cast, square, mean, add, rsqrt, multiply, cast,
+weight multiply), the rotary embedding ten. These functions restate the same formulas so that inductor can
+fuse each into one or two kernels:
+
+    rms_norm(x, w)        = w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)            (x32 = x in fp32)
+    add_rms_norm(h, y, w) = (h + y, rms_norm(h + y, w))                                 (residual, then norm)
+    qk_norm_rope(q, k)    = rope(rms_norm(q, wq)), rope(rms_norm(k, wk))                (per head; Qwen3)
+    rope(x)               = x * cos + rotate_half(x) * sin,  rotate_half([a, b]) = [-b, a]
+    silu_mul(g, u)        = silu(g) * u
+
+Eagerly they are op for op HF's LlamaRMSNorm / Qwen3RMSNorm, ``apply_rotary_pos_emb`` and the SiLU MLP, so
+on CPU (where they are not compiled) the engine's numbers are HF's bit for bit. Compiled, inductor keeps the
+intermediates of a fused kernel in fp32 instead of rounding each to the model dtype, so bf16 results may
+differ from HF's by a bf16 rounding step; fp32 results by reduction order only.
+
+Worked example: rms_norm([3, 4], w = [1, 1], eps = 0) = [3, 4] / sqrt((9 + 16) / 2) = [0.8485, 1.1314].
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    dt = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(dt)
+
+
+def add_rms_norm(h: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    h = h + y
+    return h, rms_norm(h, w, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` [B, H, 1, D], ``cos`` / ``sin`` [B, 1, D] (HF's ``apply_rotary_pos_emb`` with unsqueeze_dim 1)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor | None, wk: torch.Tensor | None, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` [B, 1, Hq, D], ``k`` [B, 1, Hkv, D] -> rotated [B, Hq, 1, D], [B, Hkv, 1, D] (norms when given)."""
+    if wq is not None:
+        q, k = rms_norm(q, wq, eps), rms_norm(k, wk, eps)
+    return rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin)
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
+
+
+FUNCTIONS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope,
+             "silu_mul": silu_mul}
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(name: str):
+    """``torch.compile`` of one of :data:`FUNCTIONS` (dynamic batch, one graph, no CUDA graphs of its own:
+    the engine captures the whole step itself)."""
+    return torch.compile(FUNCTIONS[name], dynamic=True, fullgraph=True)
+
+
+def functions(compile_: bool) -> dict:
+    return {n: compiled(n) for n in FUNCTIONS} if compile_ else dict(FUNCTIONS)

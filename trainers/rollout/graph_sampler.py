@@ -1,0 +1,345 @@
+"""The CUDA-graph sampler engine: static KV cache, one captured decode step per batch bucket, on-device
+sampling, log-probs and stop bookkeeping. Same API and draws as the reference loop (``local.py``).
+
+Per batch of n prompts (at most ``batch_size``):
+
+1. Prefill: the model's own forward over the left-padded prompts (exactly the reference loop's prefill); its
+   K/V go into the static cache [bucket, Hkv, S, D] per layer, slots 0..L-1, and token 0 is sampled from its
+   last logits.
+2. Decode: ``GraphSampler._step`` (``decoder.decode_logits`` + sampling + bookkeeping) runs on the first
+   ``bucket`` rows of the static state, bucket = the smallest power of two >= the live rows. Its first run
+   for a (bucket, sampling-params) key is eager and doubles as the warm-up; it is then captured once and
+   replayed token after token. Inside the step nothing reads back to the host: the token counter, cache slot
+   and positions are device tensors advanced in place, finished rows write to a trash row.
+3. Every ``check_every`` tokens the host reads the live-row mask once: it stops when all rows finished and
+   compacts the live rows into a smaller bucket when they fit one (rows past the live ones copy row 0, so
+   every row stays a real, finite sequence; their outputs go to the trash row).
+
+Draws use the per-row counter streams (``rng.py``): row i of a call draws token t with
+``row_uniforms(seed, i, t)``, so results do not depend on buckets, compaction or batch size, and equal the
+reference loop's wherever the logits are equal.
+
+Graphs stay valid while the tensors they read keep their addresses: parameters updated in place, and NVFP4
+weights re-quantized into the same buffers (``ModelWeightSync``). A fingerprint of those addresses is
+taken after every prefill; when it changes (new parameters, or quantized weights made afresh) the graphs are
+re-captured. With the emulated (pure PyTorch) NVFP4 backend, whose quantizer checks values on the host, or
+whenever a capture fails, the step runs eagerly and ``describe()`` says why.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainers.models import stop_token_ids
+from trainers.rollout.decoder import decode_logits, decoder_view
+from trainers.rollout.fused import functions
+from trainers.rollout.local import DRAW, Completion, SamplingParams, check_prompts, left_pad
+from trainers.rollout.rng import row_uniforms, seed_word
+from trainers.rollout.sampling import process_logits, sample_tokens
+
+#: the cache length grows in these steps (a longer call re-allocates the cache and re-captures); a decode
+#: step attends over the first multiple of SEQ_ROUND slots that holds its slot (one graph per such length)
+SEQ_ROUND = 128
+
+
+def bucket_of(n: int) -> int:
+    """Smallest power of two >= n (the graph buckets are 1, 2, 4, 8, ...)."""
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+class _State:
+    """Static device buffers of one decode batch; the graphs read and write these and nothing else."""
+
+    def __init__(self, view, rows: int, seq: int, steps: int, nstops: int, dtype, device) -> None:
+        shape = (rows, view.num_kv_heads, seq, view.head_dim)
+        self.rows, self.seq, self.steps, self.nstops = rows, seq, steps, nstops
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(view.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(view.num_layers)]
+        i64 = dict(dtype=torch.int64, device=device)
+        self.tok = torch.zeros(rows, **i64)
+        self.pos = torch.zeros(rows, **i64)
+        self.row = torch.zeros(rows, **i64)           # output row of each slot (``rows`` = the trash row)
+        self.rng_row = torch.zeros(rows, **i64)       # stream id of each slot: its index in the generate() call
+        self.done = torch.ones(rows, dtype=torch.bool, device=device)
+        self.valid = torch.zeros(rows, seq, dtype=torch.bool, device=device)
+        self.slot = torch.zeros(1, **i64)
+        self.step = torch.zeros(1, **i64)
+        self.key = torch.zeros(1, **i64)
+        self.stops = torch.full((nstops,), -1, **i64)
+        self.out_tok = torch.zeros(rows + 1, steps, **i64)
+        self.out_logp = torch.zeros(rows + 1, steps, dtype=torch.float32, device=device)
+        self.out_len = torch.zeros(rows + 1, **i64)
+        self.out_stop = torch.zeros(rows + 1, dtype=torch.bool, device=device)
+
+    def per_row(self) -> list[torch.Tensor]:
+        return [self.tok, self.pos, self.row, self.rng_row, self.done, self.valid]
+
+
+class GraphSampler:
+    """``LocalSampler``'s API on a static KV cache with CUDA-graph decode steps (eager on CPU or as fallback).
+
+    ``graphs``: "auto" (capture on CUDA), True (require capture on CUDA: a failure raises) or False (eager).
+    ``fused``: "auto" (the fused elementwise functions of ``fused.py``, compiled, on CUDA for models they
+    cover), True (fused: compiled on CUDA, eager elsewhere) or False (the model's modules op by op).
+    ``check_every``: tokens between two host reads of the live-row mask.
+    """
+
+    name = "graph"
+
+    def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
+                 fused: bool | str = "auto", check_every: int = 8) -> None:
+        for name, v in (("graphs", graphs), ("fused", fused)):
+            if v not in ("auto", True, False):
+                raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.view = decoder_view(model)
+        cuda = self.device.type == "cuda"
+        if fused is True and self.view.unfusable:
+            raise ValueError(f"fused=True: {self.view.unfusable}")
+        use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
+        self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
+        self._fns = functions(compile_=cuda) if use_fused else None
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("tokenizer has neither pad_token_id nor eos_token_id; set tokenizer.pad_token")
+        self.pad_id = int(pad)
+        self.default_stop_ids = stop_token_ids(model, tokenizer)
+        self.check_every = int(check_every)
+        self.graphs_mode = graphs
+        self._state: _State | None = None
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self._fingerprint: tuple | None = None
+        self._held: list = []  # the quantized weights the graphs read, kept alive while they exist
+        self.eager_reason: str | None = None
+        self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "compactions": 0, "host_checks": 0}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _use_graphs(self) -> bool:
+        return self.graphs_mode is not False and self.device.type == "cuda" and self.eager_reason is None
+
+    def describe(self) -> dict:
+        mode = "cuda_graph" if self._use_graphs() else "eager"
+        if self.device.type != "cuda":
+            why = "not a CUDA device"
+        elif self.graphs_mode is False:
+            why = "graphs=False"
+        else:
+            why = self.eager_reason
+        return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
+                "fused": self.fused, "fused_off_reason": self.view.unfusable, **self.stats}
+
+    # ------------------------------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams = SamplingParams()) -> list[Completion]:
+        if not prompt_ids:
+            return []
+        check_prompts(prompt_ids)
+        bs = self.batch_size or len(prompt_ids)
+        out: list[Completion] = []
+        for start in range(0, len(prompt_ids), bs):
+            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, start))
+        return out
+
+    # ------------------------------------------------------------------------------------------ state
+    def _ensure_state(self, rows: int, seq: int, steps: int, nstops: int) -> _State:
+        st = self._state
+        if st is None or st.rows < rows or st.seq < seq or st.steps < steps or st.nstops < nstops:
+            rows = max(rows, st.rows if st else 0)
+            seq = max(seq, st.seq if st else 0)
+            steps = max(steps, st.steps if st else 0)
+            nstops = max(nstops, st.nstops if st else 0)
+            self._drop_graphs()
+            self._state = None
+            seq = -(-seq // SEQ_ROUND) * SEQ_ROUND
+            self._state = st = _State(self.view, rows, seq, steps, nstops, self._dtype(), self.device)
+        return st
+
+    def _dtype(self) -> torch.dtype:
+        return self.view.embed.weight.dtype
+
+    def _drop_graphs(self) -> None:
+        self._graphs.clear()
+        self._held = []
+        self._fingerprint = None
+
+    def _weights_fingerprint(self) -> tuple[tuple, list]:
+        """Addresses of every tensor a captured step reads besides the state: parameters, and the quantized
+        forward weights (and their derived GEMM operands) cached in minite modules. The learner's backward
+        entries (dgrad / wgrad operands) are left out: the decode step never reads them."""
+        ptrs: list = [p.data_ptr() for p in self.model.parameters()]
+        held: list = []
+        for m in self.model.modules():
+            cache = getattr(m, "_weight_cache", None)
+            entries = getattr(cache, "_entries", None)
+            if not entries:
+                continue
+            for key, (_, value) in sorted(entries.items(), key=lambda kv: repr(kv[0])):
+                if not (isinstance(key, tuple) and key and key[0] == "fprop"):
+                    continue
+                held.append(value)
+                ptrs.append(repr(key))
+                attrs = value.__dict__ if hasattr(value, "__dict__") else {"": value}
+                ptrs.extend(t.data_ptr() for t in attrs.values() if isinstance(t, torch.Tensor))
+        return tuple(ptrs), held
+
+    def _clear_backend_caches(self) -> None:
+        for m in self.model.modules():
+            backend_for = getattr(m, "backend_for", None)
+            if backend_for is None:
+                continue
+            backend = backend_for(self.device)
+            clear = getattr(backend, "clear_cache", None)
+            if clear is not None:
+                clear()
+
+    # ------------------------------------------------------------------------------------------ batch
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, row0: int) -> list[Completion]:
+        from transformers import DynamicCache
+
+        n, L, T = len(prompts), max(len(p) for p in prompts), params.max_new_tokens
+        stops = sorted(set(self.default_stop_ids) | set(params.stop_token_ids))
+        b = bucket_of(n)
+        st = self._ensure_state(bucket_of(max(n, self.batch_size or 0)), L + T, T, max(8, len(stops)))
+        dev = self.device
+
+        # prefill: the reference loop's forward, then its K/V into the static cache
+        input_ids, mask, position_ids = left_pad(prompts, self.pad_id, dev)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        fill = torch.cat([torch.arange(n, device=dev), torch.zeros(b - n, dtype=torch.long, device=dev)])
+        for i, layer in enumerate(cache.layers):
+            st.keys[i][:b, :, :L].copy_(layer.keys.index_select(0, fill))
+            st.values[i][:b, :, :L].copy_(layer.values.index_select(0, fill))
+        del cache
+        st.valid.zero_()
+        st.valid[:b, :L].copy_(mask.bool().index_select(0, fill))
+        st.valid[:b, L] = True
+        st.pos[:b].copy_((position_ids[:, -1] + 1).index_select(0, fill))
+        live = torch.arange(b, device=dev) < n
+        st.row[:b].copy_(torch.where(live, torch.arange(b, device=dev), st.rows))
+        st.rng_row[:b].copy_(torch.arange(b, device=dev).masked_fill(~live, 0) + row0)
+        st.done[:b].copy_(~live)
+        st.slot.fill_(L)
+        st.step.zero_()
+        st.key.fill_(seed_word(params.seed))
+        st.stops.fill_(-1)
+        if stops:
+            st.stops[:len(stops)].copy_(torch.tensor(stops, device=dev))
+        st.out_len.zero_()
+        st.out_stop.zero_()
+        self._record(st, b, logits.index_select(0, fill), params)
+
+        if self._use_graphs():
+            fp, held = self._weights_fingerprint()
+            if fp != self._fingerprint:
+                self._drop_graphs()
+                self._fingerprint, self._held = fp, held
+        done = 1
+        while done < T:
+            k = min(self.check_every, T - done)
+            for j in range(k):
+                slot = L + done - 1 + j  # the slot this step writes (its input token's)
+                self._run_step(st, b, min(st.seq, (slot // SEQ_ROUND + 1) * SEQ_ROUND), params)
+            done += k
+            if done >= T:
+                break
+            self.stats["host_checks"] += 1
+            alive = (~st.done[:b]).nonzero().flatten()
+            if alive.numel() == 0:
+                break
+            nb = bucket_of(alive.numel())
+            if nb < b:
+                self._compact(st, alive, nb)
+                b = nb
+
+        lengths = st.out_len[:n].tolist()
+        stopped = st.out_stop[:n].tolist()
+        toks, logps = st.out_tok[:n].tolist(), st.out_logp[:n].tolist()
+        return [Completion(prompt_ids=list(p), token_ids=toks[i][:lengths[i]], logprobs=logps[i][:lengths[i]],
+                           finish_reason="stop" if stopped[i] else "length",
+                           extra={"sampling_backend": DRAW, "sampler": self.name})
+                for i, p in enumerate(prompts)]
+
+    def _compact(self, st: _State, alive: torch.Tensor, nb: int) -> None:
+        n = alive.numel()
+        g = torch.cat([alive, alive[:1].expand(nb - n)])
+        for t in st.per_row():
+            t[:nb] = t.index_select(0, g)
+        st.done[n:nb] = True
+        st.row[n:nb] = st.rows
+        for c in (*st.keys, *st.values):
+            c[:nb] = c.index_select(0, g)
+        self.stats["compactions"] += 1
+
+    # ------------------------------------------------------------------------------------------ step
+    def _record(self, st: _State, b: int, logits: torch.Tensor, params: SamplingParams) -> None:
+        """Sample token ``step`` of the first ``b`` slots from ``logits`` and record it (device only)."""
+        greedy = params.temperature == 0
+        z = process_logits(logits, params.temperature, params.top_k, params.top_p)
+        u = None if greedy else row_uniforms(st.key, st.rng_row[:b], st.step)
+        tok, lp = sample_tokens(z, u, greedy=greedy)
+        done = st.done[:b]
+        dst = torch.where(done, st.rows, st.row[:b])
+        at = st.step.expand(b)
+        st.out_tok.index_put_((dst, at), tok)
+        st.out_logp.index_put_((dst, at), lp)
+        st.out_len.index_put_((dst,), at + 1)
+        hit = (tok.unsqueeze(1) == st.stops.unsqueeze(0)).any(1)
+        st.out_stop.index_put_((dst,), hit & ~done)
+        done |= hit
+        st.tok[:b].copy_(tok)
+
+    def _step(self, st: _State, b: int, s: int, params: SamplingParams) -> None:
+        """One decode step of the first ``b`` rows over the first ``s`` cache slots: the body that is captured."""
+        keys = [k[:b, :, :s] for k in st.keys]
+        values = [v[:b, :, :s] for v in st.values]
+        logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, st.valid[:b, :s],
+                               self._fns)
+        st.step += 1
+        self._record(st, b, logits, params)
+        st.pos[:b] += 1
+        st.slot += 1
+        st.valid[:b].index_fill_(1, st.slot, True)
+
+    def _run_step(self, st: _State, b: int, s: int, params: SamplingParams) -> None:
+        if not self._use_graphs():
+            self._step(st, b, s, params)
+            self.stats["eager_steps"] += 1
+            return
+        key = (b, s, params.temperature, params.top_k, params.top_p)
+        g = self._graphs.get(key)
+        if g is not None:
+            g.replay()
+            self.stats["replays"] += 1
+            return
+        self._step(st, b, s, params)  # eager: this token, and the warm-up of every kernel the capture records
+        self.stats["eager_steps"] += 1
+        torch.cuda.synchronize(self.device)
+        self._clear_backend_caches()
+        g = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.graph(g, pool=self._pool):
+                self._step(st, b, s, params)
+        except Exception as e:  # noqa: BLE001 - any capture failure means: run eagerly, and say why
+            if self.graphs_mode is True:
+                raise
+            self.eager_reason = f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            self._drop_graphs()
+            torch.cuda.synchronize(self.device)
+            return
+        finally:
+            self._clear_backend_caches()
+        self._graphs[key] = g
+        self.stats["captures"] += 1

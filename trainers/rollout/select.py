@@ -1,0 +1,32 @@
+"""Which sampler runs: the CUDA-graph engine on CUDA, the reference loop on CPU.
+
+``engine``: ``auto`` (the graph engine on a CUDA device when the model is one it reproduces, else the loop),
+``graph`` (the engine, eager off CUDA; an unsupported model is an error) or ``loop`` (the reference loop).
+"""
+from __future__ import annotations
+
+import warnings
+
+from trainers.rollout.decoder import UnsupportedModel, decoder_view
+from trainers.rollout.graph_sampler import GraphSampler
+from trainers.rollout.local import LocalSampler
+
+ENGINES = ("auto", "graph", "loop")
+
+
+def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str = "auto",
+                 check_every: int = 8):
+    """A sampler with ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and ``describe()``."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown sampler engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if engine == "loop":
+        return LocalSampler(model, tokenizer, batch_size=batch_size)
+    if engine == "auto":
+        if next(model.parameters()).device.type != "cuda":
+            return LocalSampler(model, tokenizer, batch_size=batch_size)
+        try:
+            decoder_view(model)
+        except UnsupportedModel as e:
+            warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)
+            return LocalSampler(model, tokenizer, batch_size=batch_size)
+    return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every)
