@@ -20,11 +20,11 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.
 git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
 case "${1:-}" in
 first)
-    step gpu_tests 170 python3 -m pytest tests/trainers/test_graph_sampler.py tests/minite_kernels/test_compile_op.py \
-        -m gpu -q -p no:cacheprovider -rfE
-    step trainer 120 python3 scripts/bench_trainer.py --reps 2
-    step rollout 290 python3 scripts/bench_rollout.py \
-        --variants graph_bf16,graph_nvfp4,loop_bf16,hf_static_bf16,hf_static_nvfp4 --profile "$out/prof"
+    step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py tests/trainers/test_attention.py \
+        tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
+    step rollout 230 python3 scripts/bench_rollout.py \
+        --variants graph_bf16,graph_nvfp4,graph-sdpa_bf16,loop_bf16,hf_static_bf16,hf_static_nvfp4 --profile "$out/prof"
+    step trainer 130 python3 scripts/bench_trainer.py --reps 2
     ;;
 step)
     step trainer 330 python3 scripts/bench_trainer.py --reps 2

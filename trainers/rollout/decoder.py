@@ -7,7 +7,7 @@ For each row b (one new token at position ``pos[b]``, written to cache slot ``sl
                 q, k, v = q_proj(x), k_proj(x), v_proj(x)       (q_norm / k_norm per head when the model has them)
                 q, k = rope(q, k, pos)
                 K[:, :, slot], V[:, :, slot] = k, v
-                h = h + o_proj(softmax(q Kᵀ * scaling + mask) V)  mask[b, s] = 0 where valid[b, s], else -inf
+                h = h + o_proj(attend(q, K, V))     softmax(q Kᵀ * scaling) V over row b's valid slots
                 h = h + mlp(post_attention_norm(h))
     logits = lm_head(norm(h))
 
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 #: ``config.model_type`` values whose decoder layers this forward reproduces
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -128,22 +127,22 @@ def _fusable(final_norm, layers, qk_norm: bool) -> tuple[str | None, float]:
 
 
 def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torch.Tensor], tok: torch.Tensor,
-                  pos: torch.Tensor, slot: torch.Tensor, valid: torch.Tensor, fns: dict | None = None
+                  pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None
                   ) -> torch.Tensor:
     """Logits [B, V] of one decode step, writing this step's K/V into slot ``slot`` of each layer's cache.
 
     ``keys[i]`` / ``values[i]``: [B, Hkv, S, D] views of the static cache; ``tok``, ``pos``: int64 [B];
-    ``slot``: int64 [1]; ``valid``: bool [B, S], True for the cache slots row b attends to (``slot`` included).
+    ``slot``: int64 [1]; ``attend(q, K, V, scale)``: attention of q [B, Hkv, rep, D] over the slots each row
+    attends to (``attention.py``: its valid slots, this step's included).
     ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``.
     """
     if fns is not None:
-        return _decode_fused(view, keys, values, tok, pos, slot, valid, fns)
+        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns)
     b = tok.shape[0]
     d, hkv = view.head_dim, view.num_kv_heads
     rep = view.num_heads // hkv
     h = view.embed(tok.unsqueeze(1))                                   # [B, 1, H]
     cos, sin = view.rotary(h, pos.unsqueeze(1))                        # [B, 1, D]
-    mask = valid[:, None, None, :]                                     # [B, 1, 1, S]
     for i, layer in enumerate(view.layers):
         a = layer.self_attn
         x = layer.input_layernorm(h)
@@ -155,20 +154,18 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
         q, k = view.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, Hq, 1, D], [B, Hkv, 1, D]
         keys[i].index_copy_(2, slot, k)
         values[i].index_copy_(2, slot, v.transpose(1, 2))
-        o = F.scaled_dot_product_attention(q.reshape(b, hkv, rep, d), keys[i], values[i], attn_mask=mask,
-                                           scale=a.scaling)                # [B, Hkv, rep, D]
+        o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)  # [B, Hkv, rep, D]
         h = h + a.o_proj(o.reshape(b, 1, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return view.lm_head(view.norm(h))[:, 0]
 
 
-def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, valid, fns: dict) -> torch.Tensor:
+def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict) -> torch.Tensor:
     b = tok.shape[0]
     d, hkv, eps = view.head_dim, view.num_kv_heads, view.eps
     rep = view.num_heads // hkv
     h = view.embed(tok.unsqueeze(1))
     cos, sin = view.rotary(h, pos.unsqueeze(1))
-    mask = valid[:, None, None, :]
     layers = view.layers
     x = fns["rms_norm"](h, layers[0].input_layernorm.weight, eps)
     for i, layer in enumerate(layers):
@@ -180,8 +177,7 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, valid, fns: d
         q, k = fns["qk_norm_rope"](q, k, wq, wk, eps, cos, sin)
         keys[i].index_copy_(2, slot, k)
         values[i].index_copy_(2, slot, v.transpose(1, 2))
-        o = F.scaled_dot_product_attention(q.reshape(b, hkv, rep, d), keys[i], values[i], attn_mask=mask,
-                                           scale=a.scaling)
+        o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)
         h, x = fns["add_rms_norm"](h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, eps)
         y = mlp.down_proj(fns["silu_mul"](mlp.gate_proj(x), mlp.up_proj(x)))
         w_next = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else view.norm.weight

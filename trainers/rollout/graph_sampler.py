@@ -32,6 +32,7 @@ import math
 import torch
 
 from trainers.models import stop_token_ids
+from trainers.rollout import attention as attn
 from trainers.rollout.decoder import decode_logits, decoder_view
 from trainers.rollout.fused import functions
 from trainers.rollout.local import DRAW, Completion, SamplingParams, check_prompts, left_pad
@@ -41,6 +42,7 @@ from trainers.rollout.sampling import process_logits, sample_tokens
 #: the cache length grows in these steps (a longer call re-allocates the cache and re-captures); a decode
 #: step attends over the first multiple of SEQ_ROUND slots that holds its slot (one graph per such length)
 SEQ_ROUND = 128
+ATTENTION = ("auto", "triton", "sdpa")
 
 
 def bucket_of(n: int) -> int:
@@ -61,6 +63,7 @@ class _State:
         self.pos = torch.zeros(rows, **i64)
         self.row = torch.zeros(rows, **i64)           # output row of each slot (``rows`` = the trash row)
         self.rng_row = torch.zeros(rows, **i64)       # stream id of each slot: its index in the generate() call
+        self.start = torch.zeros(rows, **i64)         # first valid cache slot (left padding) of each row
         self.done = torch.ones(rows, dtype=torch.bool, device=device)
         self.valid = torch.zeros(rows, seq, dtype=torch.bool, device=device)
         self.slot = torch.zeros(1, **i64)
@@ -73,7 +76,7 @@ class _State:
         self.out_stop = torch.zeros(rows + 1, dtype=torch.bool, device=device)
 
     def per_row(self) -> list[torch.Tensor]:
-        return [self.tok, self.pos, self.row, self.rng_row, self.done, self.valid]
+        return [self.tok, self.pos, self.row, self.rng_row, self.start, self.done, self.valid]
 
 
 class GraphSampler:
@@ -82,16 +85,20 @@ class GraphSampler:
     ``graphs``: "auto" (capture on CUDA), True (require capture on CUDA: a failure raises) or False (eager).
     ``fused``: "auto" (the fused elementwise functions of ``fused.py``, compiled, on CUDA for models they
     cover), True (fused: compiled on CUDA, eager elsewhere) or False (the model's modules op by op).
+    ``attention``: "auto" (the Triton decode-attention kernel on CUDA when Triton imports, else SDPA),
+    "triton" or "sdpa" (``attention.py``).
     ``check_every``: tokens between two host reads of the live-row mask.
     """
 
     name = "graph"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
-                 fused: bool | str = "auto", check_every: int = 8) -> None:
+                 fused: bool | str = "auto", attention: str = "auto", check_every: int = 8) -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
                 raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.model = model
@@ -104,6 +111,12 @@ class GraphSampler:
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
         self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
         self._fns = functions(compile_=cuda) if use_fused else None
+        if attention == "auto":
+            attention = "triton" if cuda and attn.triton is not None else "sdpa"
+        if attention == "triton" and attn.triton is None:
+            raise ValueError("attention='triton' needs Triton (pip install 'minite-rl[gpu]')")
+        self.attention = attention
+        self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ValueError("tokenizer has neither pad_token_id nor eos_token_id; set tokenizer.pad_token")
@@ -135,7 +148,8 @@ class GraphSampler:
         else:
             why = self.eager_reason
         return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
-                "fused": self.fused, "fused_off_reason": self.view.unfusable, **self.stats}
+                "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
+                **self.stats}
 
     # ------------------------------------------------------------------------------------------ public
     @torch.no_grad()
@@ -225,6 +239,7 @@ class GraphSampler:
         st.valid[:b, :L].copy_(mask.bool().index_select(0, fill))
         st.valid[:b, L] = True
         st.pos[:b].copy_((position_ids[:, -1] + 1).index_select(0, fill))
+        st.start[:b].copy_((L - mask.sum(-1)).index_select(0, fill))
         live = torch.arange(b, device=dev) < n
         st.row[:b].copy_(torch.where(live, torch.arange(b, device=dev), st.rows))
         st.rng_row[:b].copy_(torch.arange(b, device=dev).masked_fill(~live, 0) + row0)
@@ -249,7 +264,8 @@ class GraphSampler:
             k = min(self.check_every, T - done)
             for j in range(k):
                 slot = L + done - 1 + j  # the slot this step writes (its input token's)
-                self._run_step(st, b, min(st.seq, (slot // SEQ_ROUND + 1) * SEQ_ROUND), params)
+                s = st.seq if self.attention == "triton" else min(st.seq, (slot // SEQ_ROUND + 1) * SEQ_ROUND)
+                self._run_step(st, b, s, params)
             done += k
             if done >= T:
                 break
@@ -303,8 +319,18 @@ class GraphSampler:
         """One decode step of the first ``b`` rows over the first ``s`` cache slots: the body that is captured."""
         keys = [k[:b, :, :s] for k in st.keys]
         values = [v[:b, :, :s] for v in st.values]
-        logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, st.valid[:b, :s],
-                               self._fns)
+        if self.attention == "triton":
+            start, end = st.start[:b], st.slot + 1
+            splits = attn.num_splits(b, self.view.num_kv_heads, s, self._sms)
+
+            def attend(q, k, v, scale):
+                return attn.decode_attention(q, k, v, start, end, scale, splits=splits)
+        else:
+            mask = st.valid[:b, :s]
+
+            def attend(q, k, v, scale):
+                return attn.decode_attention_ref(q, k, v, mask, scale)
+        logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns)
         st.step += 1
         self._record(st, b, logits, params)
         st.pos[:b] += 1
