@@ -8,7 +8,7 @@ Variants (``--variants``, comma-separated):
 - ``graph_bf16`` / ``graph_nvfp4``: the CUDA-graph engine (``trainers.rollout.graph_sampler``), the model in
   bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
-  Triton decode-attention kernel;
+  Triton decode-attention kernel; ``graph-nopack_bf16``: without packed q/k/v and gate/up GEMMs;
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``trainers.rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -42,7 +42,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 
@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         model, rep = model_for(prec)
         params = SamplingParams(max_new_tokens=T, seed=0)
         sampler = None
-        if kind in ("graph", "graph-sdpa", "eager"):
+        if kind in ("graph", "graph-sdpa", "graph-nopack", "eager"):
             sampler = GraphSampler(model, tok, graphs=kind != "eager", check_every=a.check_every,
-                                   attention="sdpa" if kind == "graph-sdpa" else "auto")
+                                   attention="sdpa" if kind == "graph-sdpa" else "auto",
+                                   pack=kind != "graph-nopack")
         elif kind == "loop":
             sampler = LocalSampler(model, tok)
         if sampler is not None:
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["fraction_of_floor"] = entry["tokens_per_s"] / floor
             if sampler is not None:
                 entry["sampler"] = sampler.describe()
-            if a.profile and kind in ("graph", "graph-sdpa", "eager"):
+            if a.profile and kind.startswith(("graph", "eager")):
                 entry["profile"] = _profile(dev, run, pathlib.Path(a.profile), variant)
         except Exception as e:  # noqa: BLE001 - a failing baseline is a result too
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue #19 (CUDA-graph sampler) on a lent H200, in device calls of at most 10 minutes each:
 #   bash scripts/h200_issue19.sh first    # engine GPU tests, then rollout bench (engine bf16/NVFP4, loop, HF static)
+#   bash scripts/h200_issue19.sh final    # engine GPU tests, rollout bench (all variants), whole step
 #   bash scripts/h200_issue19.sh step     # whole GRPO step bf16 vs NVFP4 with the engine, then the GPU suite
 #   bash scripts/h200_issue19.sh rollout  # rollout bench only, with kernel profiles
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
@@ -25,6 +26,13 @@ first)
     step rollout 230 python3 scripts/bench_rollout.py \
         --variants graph_bf16,graph_nvfp4,graph-sdpa_bf16,loop_bf16,hf_static_bf16,hf_static_nvfp4 --profile "$out/prof"
     step trainer 130 python3 scripts/bench_trainer.py --reps 2
+    ;;
+final)
+    step gpu_tests 110 python3 -m pytest tests/trainers/test_graph_sampler.py tests/trainers/test_attention.py \
+        tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
+    step rollout 230 python3 scripts/bench_rollout.py --profile "$out/prof" \
+        --variants graph_bf16,graph_nvfp4,graph-nopack_bf16,loop_bf16,hf_static_bf16,hf_static_nvfp4
+    step trainer 100 python3 scripts/bench_trainer.py --reps 2
     ;;
 step)
     step trainer 330 python3 scripts/bench_trainer.py --reps 2

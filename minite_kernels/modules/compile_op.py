@@ -43,6 +43,12 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                            "eagerly (e.g. a deep copy) before compiling it")
     with torch.no_grad():
         y = module._apply_linear(x, weight, bias)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a CUDA graph being recorded (torch.compile's "reduce-overhead", transformers' static-cache generate)
+        # must own every tensor still alive in its pool: drop the backend's remembered last input/quantization
+        clear = getattr(module.backend_for(x.device), "clear_cache", None)
+        if clear is not None:
+            clear()
     # a custom op's output may not alias an input
     inputs = {t.untyped_storage().data_ptr() for t in (x, weight, bias) if t is not None}
     return y.clone() if y.untyped_storage().data_ptr() in inputs else y

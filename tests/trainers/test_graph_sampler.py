@@ -126,9 +126,25 @@ def test_fused_functions_are_the_modules_bit_for_bit_eagerly(kind):
     model, tok = _tiny(kind)
     prompts = _prompts(512)
     p = SamplingParams(max_new_tokens=10, seed=2)
-    fused = GraphSampler(model, tok, fused=True)
+    fused = GraphSampler(model, tok, fused=True, pack=False)
     assert fused.describe()["fused"] == "eager"
     _compare(GraphSampler(model, tok, fused=False).generate(prompts, p), fused.generate(prompts, p), atol=0.0)
+
+
+@pytest.mark.parametrize("kind,tied", [("qwen3", True), ("qwen2", False)])
+def test_packed_projections_follow_in_place_weight_updates(kind, tied):
+    """q/k/v and gate/up as one GEMM each (qwen2: with biases) over copies refreshed before every decode."""
+    model, tok = _tiny(kind, tied=tied)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=10, seed=2)
+    eng = GraphSampler(model, tok, fused=True, pack=True)
+    assert eng.describe()["packed_bytes"] == 2 * (64 + 2 * 32 + 2 * 128) * 64 * 4 + (
+        2 * (64 + 2 * 32) * 4 if kind == "qwen2" else 0)
+    _compare(LocalSampler(model, tok).generate(prompts, p), eng.generate(prompts, p), atol=1e-5)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.mul_(1.5)
+    _compare(LocalSampler(model, tok).generate(prompts, p), eng.generate(prompts, p), atol=1e-5)
 
 
 def test_fused_refuses_models_it_does_not_cover():

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 #: ``config.model_type`` values whose decoder layers this forward reproduces
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -127,17 +128,18 @@ def _fusable(final_norm, layers, qk_norm: bool) -> tuple[str | None, float]:
 
 
 def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torch.Tensor], tok: torch.Tensor,
-                  pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None
-                  ) -> torch.Tensor:
+                  pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None,
+                  packed: list | None = None) -> torch.Tensor:
     """Logits [B, V] of one decode step, writing this step's K/V into slot ``slot`` of each layer's cache.
 
     ``keys[i]`` / ``values[i]``: [B, Hkv, S, D] views of the static cache; ``tok``, ``pos``: int64 [B];
     ``slot``: int64 [1]; ``attend(q, K, V, scale)``: attention of q [B, Hkv, rep, D] over the slots each row
     attends to (``attention.py``: its valid slots, this step's included).
-    ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``.
+    ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``;
+    ``packed``: with them, ``PackedLinears.layers`` (one GEMM for q/k/v and one for gate/up where packed).
     """
     if fns is not None:
-        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns)
+        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed)
     b = tok.shape[0]
     d, hkv = view.head_dim, view.num_kv_heads
     rep = view.num_heads // hkv
@@ -160,7 +162,7 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     return view.lm_head(view.norm(h))[:, 0]
 
 
-def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict) -> torch.Tensor:
+def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict, packed) -> torch.Tensor:
     b = tok.shape[0]
     d, hkv, eps = view.head_dim, view.num_kv_heads, view.eps
     rep = view.num_heads // hkv
@@ -170,16 +172,23 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
     x = fns["rms_norm"](h, layers[0].input_layernorm.weight, eps)
     for i, layer in enumerate(layers):
         a, mlp = layer.self_attn, layer.mlp
-        q = a.q_proj(x).view(b, 1, -1, d)
-        k = a.k_proj(x).view(b, 1, -1, d)
-        v = a.v_proj(x).view(b, 1, -1, d)
+        qkv, gu = packed[i] if packed is not None else (None, None)
+        if qkv is not None:
+            q, k, v = F.linear(x, qkv[0], qkv[1]).split(qkv[2], dim=-1)
+        else:
+            q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        q, k, v = q.view(b, 1, -1, d), k.view(b, 1, -1, d), v.view(b, 1, -1, d)
         wq, wk = (a.q_norm.weight, a.k_norm.weight) if view.qk_norm else (None, None)
         q, k = fns["qk_norm_rope"](q, k, wq, wk, eps, cos, sin)
         keys[i].index_copy_(2, slot, k)
         values[i].index_copy_(2, slot, v.transpose(1, 2))
         o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)
         h, x = fns["add_rms_norm"](h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, eps)
-        y = mlp.down_proj(fns["silu_mul"](mlp.gate_proj(x), mlp.up_proj(x)))
+        if gu is not None:
+            g, u = F.linear(x, gu[0], gu[1]).split(gu[2], dim=-1)
+        else:
+            g, u = mlp.gate_proj(x), mlp.up_proj(x)
+        y = mlp.down_proj(fns["silu_mul"](g, u))
         w_next = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else view.norm.weight
         h, x = fns["add_rms_norm"](h, y, w_next, eps)
     return view.lm_head(x)[:, 0]

@@ -35,6 +35,7 @@ from trainers.models import stop_token_ids
 from trainers.rollout import attention as attn
 from trainers.rollout.decoder import decode_logits, decoder_view
 from trainers.rollout.fused import functions
+from trainers.rollout.packed import PackedLinears
 from trainers.rollout.local import DRAW, Completion, SamplingParams, check_prompts, left_pad
 from trainers.rollout.rng import row_uniforms, seed_word
 from trainers.rollout.sampling import process_logits, sample_tokens
@@ -87,13 +88,16 @@ class GraphSampler:
     cover), True (fused: compiled on CUDA, eager elsewhere) or False (the model's modules op by op).
     ``attention``: "auto" (the Triton decode-attention kernel on CUDA when Triton imports, else SDPA),
     "triton" or "sdpa" (``attention.py``).
+    ``pack``: with the fused functions, run each layer's plain (unquantized) q/k/v and gate/up projections as
+    one GEMM each over packed weight copies (``packed.py``; extra memory, ``describe()["packed_bytes"]``).
     ``check_every``: tokens between two host reads of the live-row mask.
     """
 
     name = "graph"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
-                 fused: bool | str = "auto", attention: str = "auto", check_every: int = 8) -> None:
+                 fused: bool | str = "auto", attention: str = "auto", pack: bool = True,
+                 check_every: int = 8) -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
                 raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
@@ -111,6 +115,9 @@ class GraphSampler:
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
         self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
         self._fns = functions(compile_=cuda) if use_fused else None
+        self._packed = PackedLinears(self.view) if use_fused and pack else None
+        if self._packed is not None and not self._packed.any:
+            self._packed = None
         if attention == "auto":
             attention = "triton" if cuda and attn.triton is not None else "sdpa"
         if attention == "triton" and attn.triton is None:
@@ -149,7 +156,7 @@ class GraphSampler:
             why = self.eager_reason
         return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
                 "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
-                **self.stats}
+                "packed_bytes": self._packed.nbytes if self._packed else 0, **self.stats}
 
     # ------------------------------------------------------------------------------------------ public
     @torch.no_grad()
@@ -253,6 +260,8 @@ class GraphSampler:
         st.out_len.zero_()
         st.out_stop.zero_()
         self._record(st, b, logits.index_select(0, fill), params)
+        if self._packed is not None:
+            self._packed.refresh()
 
         if self._use_graphs():
             fp, held = self._weights_fingerprint()
@@ -330,7 +339,8 @@ class GraphSampler:
 
             def attend(q, k, v, scale):
                 return attn.decode_attention_ref(q, k, v, mask, scale)
-        logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns)
+        logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns,
+                               self._packed.layers if self._packed is not None else None)
         st.step += 1
         self._record(st, b, logits, params)
         st.pos[:b] += 1
