@@ -177,6 +177,14 @@ class AutoBackend(Backend):
             f"no backend supports {a_spec.summary()} x {b_spec.summary()}"
         )  # pragma: no cover
 
+    def clear_cache(self) -> None:
+        """Forget what the routed backends remember of their last input (the Triton backend's shared-input
+        quantization): needed before and after a CUDA-graph capture, whose pool must own what stays alive."""
+        for b in self.candidates:
+            clear = getattr(b, "clear_cache", None)
+            if clear is not None:
+                clear()
+
     def plan_quantize(self, spec: OperandSpec) -> Backend:
         for b in self.candidates:
             if b.supports_quantize(spec)[0]:

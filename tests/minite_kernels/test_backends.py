@@ -297,3 +297,17 @@ def test_emulated_weight_dequant_memo_is_exact_and_per_object():
     assert not hasattr(qw2, "_emulated_fp32")
     out2 = be.qgemm_nt(x, None, r.fprop.a, r.fprop.b, out_dtype=torch.float32, b_quantized=qw2)
     assert torch.equal(out2, be.qgemm_nt(x, w2, r.fprop.a, r.fprop.b, out_dtype=torch.float32))
+
+
+def test_auto_clear_cache_reaches_every_routed_backend():
+    class Remembers:
+        cleared = 0
+
+        def clear_cache(self):
+            self.cleared += 1
+
+    auto = B.AutoBackend("cpu")
+    stub = Remembers()
+    auto.candidates = [*auto.candidates, stub]
+    auto.clear_cache()  # the emulated backend has no cache: skipped
+    assert stub.cleared == 1

@@ -31,12 +31,11 @@ import math
 
 import torch
 
-from trainers.models import stop_token_ids
 from trainers.rollout import attention as attn
 from trainers.rollout.decoder import decode_logits, decoder_view
 from trainers.rollout.fused import functions
 from trainers.rollout.packed import PackedLinears
-from trainers.rollout.local import DRAW, Completion, SamplingParams, check_prompts, left_pad
+from trainers.rollout.local import DRAW, Completion, Sampler, SamplingParams, left_pad
 from trainers.rollout.rng import row_uniforms, seed_word
 from trainers.rollout.sampling import process_logits, sample_tokens
 
@@ -80,7 +79,7 @@ class _State:
         return [self.tok, self.pos, self.row, self.rng_row, self.start, self.done, self.valid]
 
 
-class GraphSampler:
+class GraphSampler(Sampler):
     """``LocalSampler``'s API on a static KV cache with CUDA-graph decode steps (eager on CPU or as fallback).
 
     ``graphs``: "auto" (capture on CUDA), True (require capture on CUDA: a failure raises) or False (eager).
@@ -105,10 +104,8 @@ class GraphSampler:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
         self.view = decoder_view(model)
+        super().__init__(model, tokenizer, batch_size=batch_size)
         cuda = self.device.type == "cuda"
         if fused is True and self.view.unfusable:
             raise ValueError(f"fused=True: {self.view.unfusable}")
@@ -124,11 +121,6 @@ class GraphSampler:
             raise ValueError("attention='triton' needs Triton (pip install 'minite-rl[gpu]')")
         self.attention = attention
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda else 1
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError("tokenizer has neither pad_token_id nor eos_token_id; set tokenizer.pad_token")
-        self.pad_id = int(pad)
-        self.default_stop_ids = stop_token_ids(model, tokenizer)
         self.check_every = int(check_every)
         self.graphs_mode = graphs
         self._state: _State | None = None
@@ -138,10 +130,6 @@ class GraphSampler:
         self._held: list = []  # the quantized weights the graphs read, kept alive while they exist
         self.eager_reason: str | None = None
         self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "compactions": 0, "host_checks": 0}
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     def _use_graphs(self) -> bool:
         return self.graphs_mode is not False and self.device.type == "cuda" and self.eager_reason is None
@@ -157,18 +145,6 @@ class GraphSampler:
         return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
                 "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
                 "packed_bytes": self._packed.nbytes if self._packed else 0, **self.stats}
-
-    # ------------------------------------------------------------------------------------------ public
-    @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams = SamplingParams()) -> list[Completion]:
-        if not prompt_ids:
-            return []
-        check_prompts(prompt_ids)
-        bs = self.batch_size or len(prompt_ids)
-        out: list[Completion] = []
-        for start in range(0, len(prompt_ids), bs):
-            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, start))
-        return out
 
     # ------------------------------------------------------------------------------------------ state
     def _ensure_state(self, rows: int, seq: int, steps: int, nstops: int) -> _State:

@@ -24,6 +24,7 @@ boundaries, and each flip is a full FP4 step that the following layers amplify (
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 
 import torch
@@ -84,12 +85,12 @@ class Completion:
     extra: dict = field(default_factory=dict)
 
 
-class LocalSampler:
-    """Batched sampler returning per-token processed log-probs of the sampled tokens (the CPU path, and the
-    reference the CUDA-graph engine is tested against). Row ``i`` of a call draws token ``t`` with
-    ``row_uniforms(seed, i, t)``, whatever the batch size."""
+class Sampler(abc.ABC):
+    """What every sampler shares: the model and tokenizer, the pad and default stop ids, and ``generate``,
+    which cuts the prompts into batches of ``batch_size`` and hands each, with the call index of its first
+    row, to ``_generate_batch``."""
 
-    name = "loop"
+    name = "sampler"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None) -> None:
         self.model = model
@@ -118,6 +119,18 @@ class LocalSampler:
 
     def describe(self) -> dict:
         return {"sampler": self.name, "sampling_backend": DRAW}
+
+    @abc.abstractmethod
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, row0: int) -> list[Completion]:
+        """Completions of one batch whose first row is row ``row0`` of the call (its random stream id)."""
+
+
+class LocalSampler(Sampler):
+    """Batched sampler returning per-token processed log-probs of the sampled tokens (the CPU path, and the
+    reference the CUDA-graph engine is tested against). Row ``i`` of a call draws token ``t`` with
+    ``row_uniforms(seed, i, t)``, whatever the batch size."""
+
+    name = "loop"
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, row0: int) -> list[Completion]:
         from transformers import DynamicCache
