@@ -109,6 +109,27 @@ def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, _helper
     assert uninterrupted == b
 
 
+def test_graph_sampler_in_the_trainer_resumes_exactly(tiny_model_dir, tmp_path, _helpers_on_path, uninterrupted):
+    """rollout.sampler=graph (the CUDA-graph engine, eager on CPU): a killed and resumed run logs what an
+    uninterrupted one does, and it samples the loop's tokens (same rewards and lengths as the loop's run)."""
+    from trainers.rewards.registry import RewardError
+
+    common = [*RESUME_COMMON, "rollout.sampler=graph"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_local(load_config([*common, *_args(tiny_model_dir, full)]))
+    _helpers_on_path.CRASH_AT_STEP = 2
+    with pytest.raises(RewardError):
+        run_local(load_config([*common, *_args(tiny_model_dir, part)]))
+    _helpers_on_path.CRASH_AT_STEP = None
+    run_local(load_config([*common, *_args(tiny_model_dir, part)]))
+    a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
+    assert a == b and [r["step"] for r in b] == [1, 2, 3]
+    for key in ("reward/mean", "response/length_mean"):
+        assert [r[key] for r in a] == [r[key] for r in uninterrupted], key
+    meta = json.loads((full / "run_meta.json").read_text())
+    assert meta["sampler"]["sampler"] == "graph" and meta["sampler"]["decode"] == "eager"
+
+
 def test_resume_keeps_the_interrupted_runs_cpu_threads(tiny_model_dir, tmp_path):
     out = tmp_path / "threads"
     before = torch.get_num_threads()
