@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pickle
 import random
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -23,6 +25,10 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded safely or as this run's; the message names the file."""
 
 
 def _umask() -> int:
@@ -111,11 +117,30 @@ def _prune(root: pathlib.Path, keep: int, protect: pathlib.Path) -> None:
 def latest_checkpoint(ckpt_root: pathlib.Path) -> pathlib.Path | None:
     pointer = ckpt_root / "latest"
     if pointer.is_file():
-        d = ckpt_root / pointer.read_text().strip()
-        if (d / STATE_FILE).is_file():
-            return d
+        name = pointer.read_text().strip()
+        # only a checkpoint directory of this run: never a path that leaves it
+        if re.fullmatch(r"step_\d+", name) and (ckpt_root / name / STATE_FILE).is_file():
+            return ckpt_root / name
     done = sorted(p for p in ckpt_root.glob("step_*") if ".tmp-" not in p.name and (p / STATE_FILE).is_file())
     return done[-1] if done else None
+
+
+def _safe_load(path: pathlib.Path) -> Any:
+    """``torch.load`` that never runs code from the file: ``weights_only=True`` (tensors, containers, numbers,
+    strings), plus numpy's array reconstruction for the saved numpy RNG state. A file holding anything else
+    (a crafted pickle, say) is refused with one line naming it."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    allowed = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(allowed):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            why = str(e).strip().splitlines()[-1][:200]
+            raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data "
+                                  f"({why})") from None
 
 
 def load_checkpoint(d: pathlib.Path, *, model, optimizer, scheduler) -> dict[str, Any]:
@@ -133,9 +158,9 @@ def load_checkpoint(d: pathlib.Path, *, model, optimizer, scheduler) -> dict[str
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {d} does not match the model: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
-    opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False)
+    opt = _safe_load(d / "optimizer.pt")
     optimizer.load_state_dict(opt["optimizer"])
     if scheduler is not None and opt.get("scheduler") is not None:
         scheduler.load_state_dict(opt["scheduler"])
-    set_rng_state(torch.load(d / "rng.pt", weights_only=False))
+    set_rng_state(_safe_load(d / "rng.pt"))
     return json.loads((d / STATE_FILE).read_text())

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from trainers.checkpoint import CheckpointError
     from trainers.data import DatasetError
     from trainers.models import ModelLoadError
     from trainers.rewards.registry import RewardError
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainers.engines.local import TrainingDiverged, run_local
 
         result = run_local(cfg)
-    except (ConfigError, DatasetError, ModelLoadError, RewardError) as e:
+    except (ConfigError, DatasetError, ModelLoadError, RewardError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Exception as e:

@@ -49,3 +49,53 @@ def test_wandb_mode_resolution(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_wandb_mode("auto") == "disabled"
     assert resolve_wandb_mode("offline") == "offline"
+
+
+class _Payload:
+    """A pickle that runs code when loaded unsafely: it would create ``target``."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+@pytest.mark.parametrize("name", ["rng.pt", "optimizer.pt"])
+def test_a_crafted_pickle_is_refused_and_never_run(tiny_model, tmp_path, name):
+    model, tok = tiny_model
+    opt = _opt(model)
+    root = tmp_path / "checkpoints"
+    d = C.save_checkpoint(root, 1, model=model, tokenizer=tok, optimizer=opt, scheduler=None, trainer_state={})
+    target = tmp_path / "pwned"
+    torch.save({"python": _Payload(target)}, d / name)
+    with pytest.raises(C.CheckpointError, match=f"refusing to load .*{name}: it holds objects other than"):
+        C.load_checkpoint(d, model=model, optimizer=opt, scheduler=None)
+    assert not target.exists()
+
+
+def test_a_saved_checkpoint_loads_with_the_safe_loader(tiny_model, tmp_path):
+    import random
+
+    model, tok = tiny_model
+    opt = _opt(model)
+    root = tmp_path / "checkpoints"
+    random.seed(3)
+    d = C.save_checkpoint(root, 1, model=model, tokenizer=tok, optimizer=opt, scheduler=None, trainer_state={})
+    expected = random.random()
+    random.seed(4)
+    C.load_checkpoint(d, model=model, optimizer=opt, scheduler=None)  # numpy's RNG array included
+    assert random.random() == expected
+
+
+@pytest.mark.parametrize("pointer", ["/etc", "../elsewhere/step_000001", "step_000001/../../x"])
+def test_latest_pointer_cannot_leave_the_run(tiny_model, tmp_path, pointer):
+    model, tok = tiny_model
+    root = tmp_path / "run" / "checkpoints"
+    C.save_checkpoint(root, 1, model=model, tokenizer=tok, optimizer=_opt(model), scheduler=None,
+                      trainer_state={})
+    outside = tmp_path / "run" / "elsewhere" / "step_000001"
+    outside.mkdir(parents=True)
+    (outside / C.STATE_FILE).write_text("{}")
+    (root / "latest").write_text(pointer + "\n")
+    assert C.latest_checkpoint(root) == root / "step_000001"  # the pointer is ignored, the scan finds ours
