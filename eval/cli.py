@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--samples", default=None, help="k per task, e.g. aime24=6,math500=4 (default: report §6.2.2)")
     r.add_argument("--engine", default="local", choices=ENGINES)
     r.add_argument("--precision", default=None, help="minite precision recipe (bf16, nvfp4_per_token, ...)")
+    r.add_argument("--alignment", default="default", choices=("default", "strict"),
+                   help="strict: batch-invariant generation (every reduction in fp64, rounded once; CPU, local engine)")
     r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
     r.add_argument("--output-dir", default=None, help="default: outputs/eval/<model>-<time>")
     unstated = "(the report does not state it; library default %(default)s)"
@@ -88,7 +90,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
     params = GenerationParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                               max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=a.batch_size)
     cfg = RunConfig(model=a.model, tasks=tuple(t.strip() for t in a.tasks.split(",") if t.strip()),
-                    samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, limit=a.limit,
+                    samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, alignment=a.alignment,
+                    limit=a.limit,
                     output_dir=a.output_dir, params=params, data_dir=a.data_dir, datasets=_parse_datasets(a.dataset),
                     device=a.device, dtype=a.dtype, chat_template=a.chat_template,
                     chat_template_kwargs=_parse_template_kwargs(a.chat_template_kwargs))

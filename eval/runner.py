@@ -44,6 +44,7 @@ class RunConfig:
     samples: dict[str, int] = field(default_factory=dict)  # overrides of each task's default k
     engine: str = "local"
     precision: str | None = None
+    alignment: str = "default"
     limit: int | None = None
     output_dir: str | None = None
     params: GenerationParams = field(default_factory=GenerationParams)
@@ -63,6 +64,10 @@ class RunConfig:
                 if t not in tasks:
                     raise ValueError(f"{name} names task {t!r}, which is not among the tasks being run "
                                      f"({', '.join(tasks)})")
+        if self.alignment not in ("default", "strict"):
+            raise ValueError(f"unknown alignment {self.alignment!r}; valid: default, strict")
+        if self.alignment == "strict" and self.engine != "local":
+            raise ValueError(f"alignment 'strict' needs the local engine (got --engine {self.engine})")
         for t, k in self.samples.items():
             if not isinstance(k, int) or k < 1:
                 raise ValueError(f"--samples {t}={k!r}: the number of samples must be an integer >= 1")
@@ -114,6 +119,7 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
                              else "--samples"} for t in tasks},
         "engine": engine.describe(),
         "precision": cfg.precision or "none",
+        "alignment": cfg.alignment,
         "limit": cfg.limit,
         "data": sources,
         "aggregation": "per task: mean and sample std over the k runs; average: equal weight per task "
@@ -150,7 +156,9 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
 
         instruction_registry()  # fail before generation if the checkers are missing
     if engine is None:
-        engine = get_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision)
+        extra = {"alignment": cfg.alignment} if cfg.alignment != "default" else {}
+        engine = get_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision,
+                            **extra)
     out_dir = pathlib.Path(cfg.output_dir or os.path.join(
         "outputs", "eval", f"{_slug(cfg.model)}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,9 @@ class PrecisionConfig:
     sampler: str = "bf16"
     exclude: tuple[str, ...] = ("lm_head",)  # module-name patterns left in high precision
     backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
+    # strict: every reduction on the token path in fp64, rounded once (minite_kernels.strict), so the sampler's
+    # log-probs equal the learner's bit for bit (CPU only for now); default: the kernels' own order
+    alignment: Literal["default", "strict"] = "default"
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,11 @@ def validate(cfg: Config) -> Config:
             f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: "
             "engine=local shares one model object between learner and sampler, so both run one precision recipe. "
             "Set them equal (or use engine=verl, where vLLM is the sampler).")
+    if cfg.precision.alignment == "strict" and (cfg.engine != "local" or cfg.model.device.startswith("cuda")):
+        raise ConfigError(
+            f"precision.alignment=strict runs with engine=local on the CPU (model.device=cpu); got "
+            f"engine={cfg.engine}, model.device={cfg.model.device}. On GPUs it needs batch-invariant kernels, "
+            "not built yet; use precision.alignment=default there")
     if cfg.engine == "verl" and cfg.optim.impl == "minite":
         raise ConfigError("optim.impl='minite' applies to engine=local; verl's FSDP workers build their own "
                           "optimizer (valid with engine=verl: 'auto', 'torch')")

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Exception as e:
-        if type(e).__name__ == "TrainingDiverged":
+        if type(e).__name__ in ("TrainingDiverged", "AlignmentError"):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise

@@ -8,12 +8,18 @@ padding), and cut into batches of ``batch_size`` sequences; batch b of a task is
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Callable
 from typing import Any
 
 from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
+
+
+#: ``strict``: every reduction in fp64, rounded once (``minite_kernels.strict``): a prompt's tokens and log-probs
+#: do not depend on its batch or padding (CPU only)
+ALIGNMENTS = ("default", "strict")
 
 
 def apply_precision(model, precision: str) -> dict:
@@ -33,9 +39,16 @@ def apply_precision(model, precision: str) -> dict:
 class LocalEngine(Engine):
     name = "local"
 
-    def __init__(self, model, tokenizer, *, precision: str | None = None, info: dict | None = None) -> None:
+    def __init__(self, model, tokenizer, *, precision: str | None = None, alignment: str = "default",
+                 info: dict | None = None) -> None:
         from trainers.rollout import make_sampler
 
+        if alignment not in ALIGNMENTS:
+            raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
+        dev = next(model.parameters()).device
+        if alignment == "strict" and dev.type != "cpu":
+            raise ValueError(f"alignment 'strict' runs on the CPU; the model is on {dev} (use --device cpu)")
+        self.alignment = alignment
         self.model = model
         self.tokenizer = tokenizer
         self.precision = precision
@@ -45,7 +58,7 @@ class LocalEngine(Engine):
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
-                        precision: str | None = None) -> LocalEngine:
+                        precision: str | None = None, alignment: str = "default") -> LocalEngine:
         import torch
 
         from trainers.models import load_model_and_tokenizer
@@ -53,7 +66,8 @@ class LocalEngine(Engine):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         m, tok = load_model_and_tokenizer(model, dtype=dtype, device=device)
-        return cls(m, tok, precision=precision, info={"model": model, "dtype": dtype, "device": device})
+        return cls(m, tok, precision=precision, alignment=alignment,
+                   info={"model": model, "dtype": dtype, "device": device})
 
     def generate(self, prompt_ids: list[list[int]], k: int, params: GenerationParams,
                  progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
@@ -66,7 +80,8 @@ class LocalEngine(Engine):
             sp = SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                 top_p=1.0 if params.temperature == 0 else params.top_p,  # greedy: skip the sort
                                 max_new_tokens=params.max_new_tokens, seed=params.seed + b)
-            comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)
+            with self._alignment():
+                comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)
             for (_, i, s), c in zip(chunk, comps):
                 ids = c.token_ids[:-1] if c.finish_reason == "stop" else c.token_ids
                 out[i][s] = Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -75,6 +90,14 @@ class LocalEngine(Engine):
                 progress(len(chunk))
         return out  # type: ignore[return-value]
 
+    def _alignment(self):
+        """``minite_kernels.strict.StrictMode`` under alignment 'strict' (batch-invariant bits), else nothing."""
+        if self.alignment != "strict":
+            return contextlib.nullcontext()
+        from minite_kernels.strict import StrictMode
+
+        return StrictMode()
+
     def describe(self) -> dict[str, Any]:
         import torch
 
@@ -82,5 +105,6 @@ class LocalEngine(Engine):
         return {"engine": "local", "sampler": self.sampler.describe(), **self.info,
                 "dtype": str(p.dtype).replace("torch.", ""), "device": str(p.device),
                 "precision": self.precision or "none (model dtype)", "quantization": self.quantization,
+                "alignment": self.alignment,
                 "torch": torch.__version__,
                 "batching": "k samples per prompt adjacent, prompts sorted by length; batch b uses seed+b"}

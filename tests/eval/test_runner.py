@@ -110,6 +110,27 @@ def test_precision_recipe_is_applied_and_recorded(qwen3_tokenizer_dir, tmp_path)
         LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), precision="nvfp4_pertoken")
 
 
+def test_strict_alignment_makes_generation_batch_invariant(qwen3_tokenizer_dir, tmp_path):
+    """--alignment strict: a prompt's greedy text does not depend on the batch it runs in."""
+    model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, hidden_size=128, intermediate_size=256)
+    engine = LocalEngine(model, tok, precision="nvfp4_per_token_bf16_bwd", alignment="strict")
+    prompts = [tok.encode(t) for t in ("What is 2+2?", "a much longer question about many things", "hi")]
+
+    def texts(bs):
+        p = GenerationParams(temperature=0.0, max_new_tokens=8, batch_size=bs)
+        return [g[0].text for g in engine.generate(prompts, 1, p)]
+
+    assert texts(1) == texts(3)
+    assert engine.describe()["alignment"] == "strict"
+    cfg = RunConfig(model="tiny", tasks=("gsm8k",), samples={"gsm8k": 1}, limit=1, params=FAST,
+                    alignment="strict", output_dir=str(tmp_path / "s"))
+    assert run_eval(cfg, engine=engine, show_progress=False)["protocol"]["alignment"] == "strict"
+    with pytest.raises(ValueError, match="alignment 'strict' needs the local engine"):
+        RunConfig(model="x", tasks=("gsm8k",), engine="vllm", alignment="strict")
+    with pytest.raises(ValueError, match="unknown alignment 'exact'; valid: default, strict"):
+        LocalEngine(model, tok, alignment="exact")
+
+
 def test_bad_input_fails_before_loading_a_model(tmp_path):
     with pytest.raises(ValueError, match=r"unknown task 'mat500'.*Did you mean 'math500'.*Valid tasks"):
         RunConfig(model="x", tasks=("mat500",))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from trainers.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.config import Config, to_container, to_yaml
+from trainers.config import Config, ConfigError, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
 from trainers.learner.batch import RolloutBatch, collate
@@ -161,6 +161,10 @@ def _weight_cache_misses(model) -> int:
     return n
 
 
+class AlignmentError(RuntimeError):
+    """A strict-alignment run saw the sampler and the learner disagree."""
+
+
 class LocalTrainer:
     """``model_and_tokenizer`` injects an already-built (model, tokenizer) instead of loading ``model.path``
     (benchmarks and tests with random models); everything else follows ``cfg``."""
@@ -172,6 +176,9 @@ class LocalTrainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         dev = cfg.model.device
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev)
+        if cfg.precision.alignment == "strict" and self.device.type != "cpu":
+            raise ConfigError(f"precision.alignment=strict runs on the CPU; this run would use {self.device} "
+                              "(set model.device=cpu, or precision.alignment=default)")
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -241,6 +248,7 @@ class LocalTrainer:
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
                 "cpu_threads": self.cpu_threads, "optimizer": self.optim_impl,
+                "alignment": cfg.precision.alignment,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
                 "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
                 "sampler": self.sampler.describe(),
@@ -368,6 +376,15 @@ class LocalTrainer:
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
+        """One GRPO step; under ``precision.alignment=strict`` every reduction runs in fp64, rounded once."""
+        if self.cfg.precision.alignment != "strict":
+            return self._step(step)
+        from minite_kernels.strict import StrictMode
+
+        with StrictMode():
+            return self._step(step)
+
+    def _step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         t: dict[str, float] = {}
         t_step = time.perf_counter()
@@ -390,6 +407,11 @@ class LocalTrainer:
         from triage import mismatch_metrics
 
         delta = (old - batch.sampler_logp) * mask
+        if cfg.precision.alignment == "strict" and bool((delta != 0).any()):
+            raise AlignmentError(
+                f"precision.alignment=strict, step {step + 1}: the learner's log-probs differ from the sampler's "
+                f"on {int((delta != 0).sum())} of {int(mask.sum())} tokens (max |delta| "
+                f"{float(delta.abs().max()):.3g}); strict mode promises equal bits, so the run stops here")
         metrics: dict[str, float] = dict(mismatch_metrics(delta, adv, mask, self.diag_cfg))
         weights, rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, mask)
         metrics.update(rc_metrics)

@@ -14,9 +14,12 @@ Layout (verl's): ``input_ids = [left-padded prompt | right-padded response]``; r
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from minite_kernels.strict import StrictMode, strict_active
 from trainers.rollout.sampling import process_logits
 
 
@@ -52,10 +55,13 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     lm_head = model.get_output_embeddings()
     softcap = getattr(model.config, "final_logit_softcapping", None)
     use_ckpt = torch.is_grad_enabled() and h_sel.requires_grad
+    ckpt_kw: dict = {"use_reentrant": False}
+    if use_ckpt and strict_active():  # the backward's recompute must round as the forward did
+        ckpt_kw["context_fn"] = lambda: (contextlib.nullcontext(), StrictMode())
     logps, ents = [], []
     for i in range(0, h_sel.shape[0], chunk_size):
         args = (lm_head, h_sel[i:i + chunk_size], y_sel[i:i + chunk_size], temperature, softcap, with_entropy)
-        lp, en = checkpoint(_chunk_stats, *args, use_reentrant=False) if use_ckpt else _chunk_stats(*args)
+        lp, en = checkpoint(_chunk_stats, *args, **ckpt_kw) if use_ckpt else _chunk_stats(*args)
         logps.append(lp)
         ents.append(en)
     dtype = torch.float32
