@@ -183,6 +183,10 @@ def test_make_sampler_choices():
         make_sampler(model, tok, engine="cuda")
     d = GraphSampler(model, tok).describe()
     assert d["decode"] == "eager" and d["eager_reason"] == "not a CUDA device"
+    model.config.model_type = "gemma3"
+    with pytest.raises(UnsupportedModel, match="engine 'graph' cannot run this model: model_type 'gemma3'.*'auto' or"):
+        make_sampler(model, tok, engine="graph")
+    assert isinstance(make_sampler(model, tok), LocalSampler)
 
 
 # ----------------------------------------------------------------------------------------------- GPU

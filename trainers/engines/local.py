@@ -30,6 +30,7 @@ from trainers.learner.logprobs import response_logprobs
 from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import load_reward_fn, score_one
 from trainers.rollout import SamplingParams, make_sampler
+from trainers.rollout.decoder import UnsupportedModel
 from trainers.tracking import Tracker
 
 ENV_ECHO_PREFIXES = ("MINITE_", "WANDB_MODE", "WANDB_PROJECT", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
@@ -198,8 +199,11 @@ class LocalTrainer:
             self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
                                                             device=str(self.device))
         self.precision = apply_precision(self.model, cfg, self.run_dir)
-        self.sampler = make_sampler(self.model, self.tok, batch_size=cfg.rollout.batch_size,
-                                    engine=cfg.rollout.sampler)
+        try:
+            self.sampler = make_sampler(self.model, self.tok, batch_size=cfg.rollout.batch_size,
+                                        engine=cfg.rollout.sampler)
+        except UnsupportedModel as e:
+            raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
                                        cfg.data.shuffle)
         self._prompt_cache: dict[int, list[int]] = {}

@@ -29,4 +29,7 @@ def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str
         except UnsupportedModel as e:
             warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)
             return LocalSampler(model, tokenizer, batch_size=batch_size)
-    return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every)
+    try:
+        return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every)
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"sampler engine 'graph' cannot run this model: {e}; use 'auto' or 'loop'") from None
