@@ -269,3 +269,83 @@ def align_rows(x: torch.Tensor, ids: torch.Tensor, ref_ids: torch.Tensor) -> tor
     out = torch.empty_like(x)
     out[ref_order] = x[order]
     return out
+
+
+# --- sampler-shaped vs learner-shaped execution, layer by layer -------------------------------------------------
+@dataclass
+class LayerGap:
+    """One hidden state (embeddings = 0, after decoder layer i = i + 1) over the compared positions."""
+
+    layer: int
+    max_abs: float
+    mean_abs: float
+    #: fraction of the per-token NVFP4 codes of this hidden state that differ between the two paths
+    code_diff_frac: float
+
+
+@dataclass
+class ExecutionGap:
+    layers: list[LayerGap]
+    first_diff_layer: int | None  # the first hidden state that differs at all (None: all equal)
+    first_code_diff_layer: int | None  # the first whose NVFP4 codes differ
+    logprob: LogprobComparison  # of each next token, decode path as "sampler", full forward as "learner"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@torch.no_grad()
+def execution_gap(model, sequences: list[list[int]], prompt_lens: list[int]) -> ExecutionGap:
+    """Run each sequence as the learner does (one full forward) and as a sampler does (a prefill of its prompt,
+    then one token at a time through the KV cache, teacher-forced on the same tokens), and compare every
+    hidden state and the next-token log-probs over the response positions.
+
+    The differences come only from execution shape (report §2.2): with the same weights, formats and inputs,
+    the GEMM and attention reductions run in another order. Under ``minite_kernels.strict.StrictMode`` they
+    are zero. Example: ``execution_gap(model, [prompt + response], [len(prompt)]).first_diff_layer``.
+    """
+    from transformers import DynamicCache
+
+    from .formats import quantize_nvfp4
+
+    dev = next(model.parameters()).device
+    per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    lp_full, lp_dec = [], []
+    for seq, p in zip(sequences, prompt_lens):
+        if not 0 < p < len(seq):
+            raise ValueError(f"prompt length {p} must be in [1, {len(seq) - 1}] for a sequence of {len(seq)}")
+        ids = torch.tensor([seq], device=dev)
+        full = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids[:, :p], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        dec_h = [[h[:, -1:]] for h in out.hidden_states]
+        dec_logits = [out.logits[:, -1:]]
+        for t in range(p, len(seq) - 1):
+            out = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+            for i, h in enumerate(out.hidden_states):
+                dec_h[i].append(h)
+            dec_logits.append(out.logits)
+        for i, h in enumerate(full.hidden_states):
+            per_layer.setdefault(i, []).append((h[0, p - 1:len(seq) - 1], torch.cat(dec_h[i], 1)[0]))
+        tgt = ids[0, p:]
+        lp_full.append(torch.log_softmax(full.logits[0, p - 1:-1].float(), -1).gather(-1, tgt[:, None])[:, 0])
+        lp_dec.append(torch.log_softmax(torch.cat(dec_logits, 1)[0].float(), -1).gather(-1, tgt[:, None])[:, 0])
+    layers = []
+    for i in sorted(per_layer):
+        a = torch.cat([x for x, _ in per_layer[i]]).float()
+        b = torch.cat([y for _, y in per_layer[i]]).float()
+        d = (a - b).abs()
+        k = a.shape[-1] - a.shape[-1] % 16
+        codes = 0.0
+        if k:
+            qa = quantize_nvfp4(a[:, :k].contiguous(), scaling="per_token").data
+            qb = quantize_nvfp4(b[:, :k].contiguous(), scaling="per_token").data
+            # two E2M1 codes per byte: compare nibbles
+            diff = ((qa ^ qb) & 0x0F).ne(0).float().sum() + ((qa ^ qb) >> 4).ne(0).float().sum()
+            codes = float(diff / (2 * qa.numel()))
+        layers.append(LayerGap(i, float(d.max()), float(d.mean()), codes))
+    first = next((g.layer for g in layers if g.max_abs > 0), None)
+    first_code = next((g.layer for g in layers if g.code_diff_frac > 0), None)
+    full_lp, dec_lp = torch.cat(lp_full), torch.cat(lp_dec)
+    return ExecutionGap(layers, first, first_code,
+                        compare_logprobs(full_lp, dec_lp, torch.ones_like(full_lp)))

@@ -1,4 +1,4 @@
-"""``python -m minite_kernels {recipes, describe NAME, doctor}`` (report §4.3, §7.3).
+"""``python -m minite_kernels {recipes, describe NAME, doctor, align}`` (report §4.3, §7.3).
 
 ``recipes`` and ``describe`` use only the standard library (plus rich, if installed, for tables): they never
 import torch, so a configuration can be inspected before CUDA/TE/FlashInfer are set up. ``doctor`` imports
@@ -249,6 +249,68 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+ALIGN_PROMPTS = ("What is 12 + 7? Answer:", "Write one sentence about the sea.", "List three colours:")
+
+
+def _load_model(path: str):
+    """(model, tokenizer) in fp32 on the CPU: the project's loader when present (it knows the embedded
+    ``smollm2-135m-instruct``), else transformers."""
+    try:
+        from trainers.models import load_model_and_tokenizer
+    except ImportError:  # minite_kernels used on its own
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    return load_model_and_tokenizer(path, dtype="float32", device="cpu")
+
+
+def cmd_align(args: argparse.Namespace) -> int:
+    """Sampler-shaped (KV-cache decode) vs learner-shaped (full forward) execution, layer by layer, in the
+    default and the strict alignment mode (``alignment.execution_gap``)."""
+    import torch
+
+    from minite_kernels import quantize_model
+    from minite_kernels.alignment import execution_gap
+    from minite_kernels.strict import StrictMode
+
+    try:
+        r = R.get_qlinear_params(args.recipe)
+    except R.RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model, tok = _load_model(args.model)
+    if r.name != "bf16":
+        quantize_model(model, r.name)
+    prompts = [tok.encode(p) for p in (args.prompt or ALIGN_PROMPTS)]
+    seqs = []
+    with torch.no_grad(), StrictMode():  # one continuation per prompt, the same in both modes
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                                 do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+            seqs.append(out[0].tolist())
+    report = {}
+    for mode in ("default", "strict"):
+        with StrictMode() if mode == "strict" else torch.no_grad():
+            report[mode] = execution_gap(model, seqs, [len(p) for p in prompts]).to_dict()
+    if args.json:
+        print(json.dumps({"model": args.model, "recipe": r.name, **report}, indent=2))
+        return 0
+    for mode in ("default", "strict"):
+        g = report[mode]
+        lp = g["logprob"]
+        print(f"{mode}: next-token log-prob mean |delta| {lp['mean_abs_gap']:.3g}, max {lp['max_abs_gap']:.3g}; "
+              f"first differing hidden state: {g['first_diff_layer']}, first with differing NVFP4 codes: "
+              f"{g['first_code_diff_layer']}")
+    _table(
+        f"hidden states, KV-cache decode vs full forward ({args.model}, {r.name}; layer 0 = embeddings)",
+        ("layer", "max |d| default", "codes differ default", "max |d| strict", "codes differ strict"),
+        [(str(a["layer"]), f"{a['max_abs']:.3g}", f"{100 * a['code_diff_frac']:.3g}%", f"{b['max_abs']:.3g}",
+          f"{100 * b['code_diff_frac']:.3g}%") for a, b in zip(report["default"]["layers"], report["strict"]["layers"])],
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minite_kernels", description="miniTE precision recipes and checks"
@@ -270,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="torch device (default: current CUDA device, else cpu)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_doctor)
+    s = sub.add_parser("align", help="sampler vs learner execution gap by layer, default and strict mode (CPU)")
+    s.add_argument("--model", default="smollm2-135m-instruct", help="HF model dir (or the embedded default)")
+    s.add_argument("--recipe", default="nvfp4_per_token_bf16_bwd")
+    s.add_argument("--prompt", action="append", help="a prompt (repeatable; default: three short ones)")
+    s.add_argument("--new-tokens", type=int, default=16, help="greedy continuation compared per token")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_align)
     return p
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -126,3 +127,48 @@ def test_align_rows():
         align_rows(x, ids, torch.tensor([1, 3, 7, 8]))
     with pytest.raises(ValueError, match="permutations"):
         align_rows(x, torch.tensor([1, 1, 3, 7]), torch.tensor([1, 1, 3, 7]))
+
+
+# --- execution_gap and `python -m minite_kernels align` ----------------------------------------------------------
+def _tiny_nvfp4(qwen3_tokenizer_dir):
+    from minite_kernels import quantize_model
+    from trainers.models import tiny_random_qwen3
+
+    m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, hidden_size=128, intermediate_size=256,
+                               num_hidden_layers=3)
+    quantize_model(m, "nvfp4_per_token_bf16_bwd")
+    return m, tok
+
+
+def test_execution_gap_default_vs_strict(qwen3_tokenizer_dir):
+    from minite_kernels.alignment import execution_gap
+    from minite_kernels.strict import StrictMode
+
+    m, tok = _tiny_nvfp4(qwen3_tokenizer_dir)
+    seqs = [tok.encode("What is 3+4? The answer is seven, because"), tok.encode("hi there my friend")]
+    default = execution_gap(m, seqs, [5, 2])
+    assert [g.layer for g in default.layers] == [0, 1, 2, 3]
+    assert default.layers[0].max_abs == 0  # the embeddings are a lookup: the same in both shapes
+    assert default.first_diff_layer == 1 and default.logprob.n_tokens == sum(len(s) - p for s, p in zip(seqs, [5, 2]))
+    with StrictMode():
+        strict = execution_gap(m, seqs, [5, 2])
+    assert strict.first_diff_layer is None and strict.first_code_diff_layer is None
+    assert strict.logprob.max_abs_gap == 0 and all(g.max_abs == 0 for g in strict.layers)
+    with pytest.raises(ValueError, match="prompt length 9 must be in"):
+        execution_gap(m, seqs[1:], [9])
+
+
+def test_align_cli_json(qwen3_tokenizer_dir, tmp_path, capsys):
+    from minite_kernels.cli import main
+    from trainers.models import tiny_random_qwen3
+
+    m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
+    m.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    assert main(["align", "--model", str(tmp_path / "m"), "--new-tokens", "4", "--prompt", "hello there",
+                 "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["recipe"] == "nvfp4_per_token_bf16_bwd"
+    assert rep["strict"]["first_diff_layer"] is None and rep["strict"]["logprob"]["max_abs_gap"] == 0
+    assert len(rep["default"]["layers"]) == m.config.num_hidden_layers + 1
+    assert main(["align", "--model", str(tmp_path / "m"), "--recipe", "nvfp4_pertoken"]) == 2
