@@ -43,7 +43,7 @@ def _helpers_on_path(monkeypatch):
     return reward_helpers
 
 
-def test_smoke_triage_run(tiny_model_dir, tmp_path, monkeypatch):
+def test_smoke_triage_run(tiny_model_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MINITE_RECIPE", "nvfp4_per_token")
     out = tmp_path / "run"
     cfg = load_config(["recipe=triage_bf16", *_args(tiny_model_dir, out, "trainer.max_steps=2",
@@ -51,6 +51,10 @@ def test_smoke_triage_run(tiny_model_dir, tmp_path, monkeypatch):
     result = run_local(cfg)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"  # the Figure-2 panels, written by the run
+    err = capsys.readouterr().err
+    assert f"[trainers] 2 steps -> {out}" in err and "TRIAGE: gated token fraction" in err
+    assert f"next: python -m eval run {result['checkpoint']}" in err
     for key in ("reward/mean", "reward/std", "reward/accuracy", "actor/entropy", "response/length_mean",
                 "mismatch/abs_gap_mean", "mismatch/neg_tail_depth", "mismatch/share/neg_adv_neg_gap",
                 "triage/gated_token_frac", "triage/repair_loss", "tis/clip_frac", "timing/rollout_s",

@@ -492,8 +492,23 @@ class LocalTrainer:
         finally:
             tracker.close()
             _write_meta(self.run_dir, {"sampler": self.sampler.describe()})
-        return {"run_dir": str(self.run_dir), "last_step_metrics": last,
-                "checkpoint": str(latest_checkpoint(self.ckpt_root) or "")}
+        ckpt = str(latest_checkpoint(self.ckpt_root) or "")
+        self._report(ckpt)
+        return {"run_dir": str(self.run_dir), "last_step_metrics": last, "checkpoint": ckpt}
+
+    def _report(self, checkpoint: str) -> None:
+        """Write ``curves.png`` (the Figure-2 panels) and print the end-of-run summary; a plotting failure
+        is reported, never fatal (the run itself is complete)."""
+        from trainers.plots import plot, read_rows
+        from trainers.summary import run_summary
+
+        rows = read_rows(self.run_dir) if (self.run_dir / "metrics.jsonl").is_file() else []
+        curves = None
+        try:
+            curves = plot([self.run_dir], self.run_dir / "curves.png")
+        except Exception as e:  # noqa: BLE001 - e.g. a headless machine without a matplotlib backend
+            print(f"[trainers] curves.png not written: {type(e).__name__}: {e}", file=sys.stderr)
+        print(run_summary(self.run_dir, rows, checkpoint, curves), file=sys.stderr)
 
 
 def run_local(cfg: Config) -> dict[str, Any]:

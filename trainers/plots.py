@@ -1,0 +1,98 @@
+"""Figure-2-style training panels from run directories (report §3.2, Fig. 2; §6.2.2, Fig. 5).
+
+Panels (left to right): reward, entropy, mean |gap| (``mismatch/abs_gap_mean``), negative tail depth
+(``mismatch/neg_tail_depth`` = -q_0.05(delta), report Fig. 1). Thin lines are raw per-step values, thick lines a
+centred moving mean of ``window`` steps (the report uses 21); each run is labelled with its recipe. Reads
+``<run>/metrics.jsonl`` only, so it works on runs from either engine and on partial runs. The trainer writes
+``<run>/curves.png`` at the end of every run; ``scripts/plot_run.py`` overlays several runs.
+
+Example: ``plot([Path("runs/a"), Path("runs/b")], Path("fig2.png"))``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import tempfile
+
+PANELS = [("reward/mean", "reward"), ("actor/entropy", "entropy"), ("mismatch/abs_gap_mean", "mean |gap|"),
+          ("mismatch/neg_tail_depth", "negative tail depth  -q0.05(δ)")]
+
+
+def read_rows(run: pathlib.Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run} a run directory of python -m trainers.grpo?)")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def label_of(run: pathlib.Path) -> str:
+    cfg = run / "config.yaml"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            if line.startswith("recipe:"):
+                return f"{line.split(':', 1)[1].strip()} ({run.name})"
+    return run.name
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    out = []
+    h = window // 2
+    for i in range(len(values)):
+        seg = [v for v in values[max(0, i - h): i + h + 1] if math.isfinite(v)]
+        out.append(sum(seg) / len(seg) if seg else float("nan"))
+    return out
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def plot(runs: list[pathlib.Path], out: pathlib.Path, window: int = 5, title: str | None = None) -> pathlib.Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    for i, run in enumerate(runs):
+        rows = read_rows(run)
+        color = f"C{i}"
+        for ax, (key, name) in zip(axes, PANELS):
+            pts = [(r["step"], _num(r.get(key))) for r in rows if key in r]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, color=color, alpha=0.35, lw=0.8)
+            ax.plot(xs, smooth(list(ys), window), color=color, lw=2.0, label=label_of(run))
+            ax.set_title(name)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=out.suffix or ".png", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    plt.close(fig)
+    return out

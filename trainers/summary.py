@@ -1,0 +1,39 @@
+"""The few lines a run prints when it ends: what happened, where it is, what to run next.
+
+Example (the embedded default)::
+
+    [trainers] 8 steps -> runs/default
+      reward/mean 0.250 (step 1) -> 0.438 (step 8)
+      sampler/learner gap: mean |delta| 2.6e-06, negative tail depth -q0.05 6.6e-06 (last step)
+      curves: runs/default/curves.png   metrics: runs/default/metrics.jsonl   wandb: runs/default/wandb
+      next: python -m eval run runs/default/checkpoints/step_000008 --tasks gsm8k --limit 5
+"""
+from __future__ import annotations
+
+import pathlib
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, (int, float)) else "n/a"
+
+
+def run_summary(run_dir: pathlib.Path, rows: list[dict], checkpoint: str, curves: pathlib.Path | None) -> str:
+    if not rows:
+        return f"[trainers] no steps logged in {run_dir}"
+    first, last = rows[0], rows[-1]
+    lines = [f"[trainers] {last.get('step', len(rows))} steps -> {run_dir}",
+             f"  reward/mean {_fmt(first.get('reward/mean'))} (step {first.get('step')}) -> "
+             f"{_fmt(last.get('reward/mean'))} (step {last.get('step')})",
+             f"  sampler/learner gap: mean |delta| {_fmt(last.get('mismatch/abs_gap_mean'))}, negative tail depth "
+             f"-q0.05 {_fmt(last.get('mismatch/neg_tail_depth'))} (last step)"]
+    if "triage/gated_token_frac" in last:
+        lines.append(f"  TRIAGE: gated token fraction {_fmt(last['triage/gated_token_frac'])}, repair loss "
+                     f"{_fmt(last.get('triage/repair_loss'))} (last step)")
+    where = [f"curves: {curves}"] if curves else []
+    where.append(f"metrics: {run_dir / 'metrics.jsonl'}")
+    if (run_dir / "wandb").is_dir():
+        where.append(f"wandb: {run_dir / 'wandb'}")
+    lines.append("  " + "   ".join(where))
+    if checkpoint:
+        lines.append(f"  next: python -m eval run {checkpoint} --tasks gsm8k --limit 5")
+    return "\n".join(lines)
