@@ -17,7 +17,9 @@ def _fmt(v) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) else "n/a"
 
 
-def run_summary(run_dir: pathlib.Path, rows: list[dict], checkpoint: str, curves: pathlib.Path | None) -> str:
+def run_summary(run_dir: pathlib.Path, rows: list[dict], checkpoint: str, curves: pathlib.Path | None,
+                triage: bool = False) -> str:
+    """The summary text; ``triage``: the run's loss is TRIAGE (its gate line is printed)."""
     if not rows:
         return f"[trainers] no steps logged in {run_dir}"
     first, last = rows[0], rows[-1]
@@ -26,7 +28,7 @@ def run_summary(run_dir: pathlib.Path, rows: list[dict], checkpoint: str, curves
              f"{_fmt(last.get('reward/mean'))} (step {last.get('step')})",
              f"  sampler/learner gap: mean |delta| {_fmt(last.get('mismatch/abs_gap_mean'))}, negative tail depth "
              f"-q0.05 {_fmt(last.get('mismatch/neg_tail_depth'))} (last step)"]
-    if "triage/gated_token_frac" in last:
+    if triage and "triage/gated_token_frac" in last:
         lines.append(f"  TRIAGE: gated token fraction {_fmt(last['triage/gated_token_frac'])}, repair loss "
                      f"{_fmt(last.get('triage/repair_loss'))} (last step)")
     where = [f"curves: {curves}"] if curves else []

@@ -10,7 +10,7 @@ def test_summary_lines(tmp_path):
     rows = [{"step": 1, "reward/mean": 0.25, "mismatch/abs_gap_mean": 1e-5},
             {"step": 8, "reward/mean": 0.4375, "mismatch/abs_gap_mean": 2.6e-6, "mismatch/neg_tail_depth": 6.6e-6,
              "triage/gated_token_frac": 0.125, "triage/repair_loss": 0.01}]
-    text = run_summary(tmp_path, rows, "ck/step_000008", tmp_path / "curves.png")
+    text = run_summary(tmp_path, rows, "ck/step_000008", tmp_path / "curves.png", triage=True)
     assert text.splitlines() == [
         f"[trainers] 8 steps -> {tmp_path}",
         "  reward/mean 0.25 (step 1) -> 0.438 (step 8)",
@@ -19,6 +19,7 @@ def test_summary_lines(tmp_path):
         f"  curves: {tmp_path / 'curves.png'}   metrics: {tmp_path / 'metrics.jsonl'}",
         "  next: python -m eval run ck/step_000008 --tasks gsm8k --limit 5",
     ]
+    assert "TRIAGE" not in run_summary(tmp_path, rows, "", None)  # diagnostics are logged for every loss
 
 
 def test_summary_without_steps_or_plot():

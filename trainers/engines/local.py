@@ -508,7 +508,8 @@ class LocalTrainer:
             curves = plot([self.run_dir], self.run_dir / "curves.png")
         except Exception as e:  # noqa: BLE001 - e.g. a headless machine without a matplotlib backend
             print(f"[trainers] curves.png not written: {type(e).__name__}: {e}", file=sys.stderr)
-        print(run_summary(self.run_dir, rows, checkpoint, curves), file=sys.stderr)
+        print(run_summary(self.run_dir, rows, checkpoint, curves, triage=self.cfg.algorithm.loss_mode == "triage"),
+              file=sys.stderr)
 
 
 def run_local(cfg: Config) -> dict[str, Any]:
