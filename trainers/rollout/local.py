@@ -138,7 +138,7 @@ class LocalSampler(Sampler):
         dev = self.device
         stops = torch.tensor(sorted(set(self.default_stop_ids) | set(params.stop_token_ids)) or [-1], device=dev)
         greedy = params.temperature == 0
-        key = seed_word(params.seed)
+        key = torch.tensor(seed_word(params.seed))
         B = len(prompts)
         input_ids, mask, position_ids = left_pad(prompts, self.pad_id, dev)
         cache = DynamicCache(config=self.model.config)
@@ -151,7 +151,7 @@ class LocalSampler(Sampler):
         next_pos = position_ids[:, -1:] + 1
         for t in range(params.max_new_tokens):
             z = process_logits(out.logits[:, -1, :], params.temperature, params.top_k, params.top_p)
-            u = None if greedy else row_uniforms(torch.tensor(key), alive + row0, t)
+            u = None if greedy else row_uniforms(key, alive + row0, t)
             tok, lp = sample_tokens(z, u, greedy=greedy)
             tok_l, lp_l = tok.tolist(), lp.tolist()
             rows = alive.tolist()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 
-from trainers.rollout.decoder import UnsupportedModel, decoder_view
+from trainers.rollout.decoder import UnsupportedModel
 from trainers.rollout.graph_sampler import GraphSampler
 from trainers.rollout.local import LocalSampler
 
@@ -21,15 +21,13 @@ def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str
         raise ValueError(f"unknown sampler engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "loop":
         return LocalSampler(model, tokenizer, batch_size=batch_size)
-    if engine == "auto":
-        if next(model.parameters()).device.type != "cuda":
-            return LocalSampler(model, tokenizer, batch_size=batch_size)
-        try:
-            decoder_view(model)
-        except UnsupportedModel as e:
-            warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)
-            return LocalSampler(model, tokenizer, batch_size=batch_size)
+    cuda = next(model.parameters()).device.type == "cuda"
+    if engine == "auto" and not cuda:
+        return LocalSampler(model, tokenizer, batch_size=batch_size)
     try:
         return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every)
     except UnsupportedModel as e:
+        if engine == "auto":
+            warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)
+            return LocalSampler(model, tokenizer, batch_size=batch_size)
         raise UnsupportedModel(f"sampler engine 'graph' cannot run this model: {e}; use 'auto' or 'loop'") from None
