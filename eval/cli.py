@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--samples", default=None, help="k per task, e.g. aime24=6,math500=4 (default: report §6.2.2)")
     r.add_argument("--engine", default="local", choices=ENGINES)
     r.add_argument("--precision", default=None, help="minite precision recipe (bf16, nvfp4_per_token, ...)")
+    r.add_argument("--exclude", default="", metavar="LIST",
+                   help="with --precision: comma-separated module patterns and block indices kept unquantized, "
+                        "e.g. 0,-1 (the first and last block), as the trainer's precision.exclude")
     r.add_argument("--alignment", default="default", choices=("default", "strict"),
                    help="strict: batch-invariant generation (every reduction in fp64, rounded once; CPU, local engine)")
     r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
@@ -83,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse_exclude(spec: str) -> tuple[int | str, ...]:
+    """``"lm_head,0,-1"`` -> ``("lm_head", 0, -1)``: integers are block indices, the rest name patterns."""
+    out: list[int | str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if part:
+            out.append(int(part) if part.lstrip("-").isdigit() else part)
+    return tuple(out)
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
     from eval.report import pct
     from eval.runner import RunConfig, parse_samples, run_eval
@@ -91,6 +103,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
                               max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=a.batch_size)
     cfg = RunConfig(model=a.model, tasks=tuple(t.strip() for t in a.tasks.split(",") if t.strip()),
                     samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, alignment=a.alignment,
+                    exclude=_parse_exclude(a.exclude),
                     limit=a.limit,
                     output_dir=a.output_dir, params=params, data_dir=a.data_dir, datasets=_parse_datasets(a.dataset),
                     device=a.device, dtype=a.dtype, chat_template=a.chat_template,

@@ -12,7 +12,7 @@ BUNDLED_DIR = pathlib.Path(__file__).resolve().parent / "data"
 
 
 def bundled_path(task: Task) -> pathlib.Path:
-    return BUNDLED_DIR / task.name / "test.jsonl"
+    return BUNDLED_DIR / (task.data_name or task.name) / "test.jsonl"
 
 
 def iter_jsonl(path: str | os.PathLike):
@@ -58,7 +58,8 @@ def resolve_source(task: Task, data_dir: str | None = None, dataset: str | None 
 
 def _dir_file(task: Task, data_dir: str) -> pathlib.Path:
     base = pathlib.Path(data_dir)
-    candidates = [base / task.name / "test.jsonl", base / f"{task.name}.jsonl"]
+    name = task.data_name or task.name
+    candidates = [base / name / "test.jsonl", base / f"{name}.jsonl"]
     for c in candidates:
         if c.is_file():
             return c

@@ -44,6 +44,7 @@ class RunConfig:
     samples: dict[str, int] = field(default_factory=dict)  # overrides of each task's default k
     engine: str = "local"
     precision: str | None = None
+    exclude: tuple[int | str, ...] = ()  # with precision: module patterns and block indices left unquantized
     alignment: str = "default"
     limit: int | None = None
     output_dir: str | None = None
@@ -119,6 +120,7 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
                              else "--samples"} for t in tasks},
         "engine": engine.describe(),
         "precision": cfg.precision or "none",
+        "exclude": list(cfg.exclude),
         "alignment": cfg.alignment,
         "limit": cfg.limit,
         "data": sources,
@@ -157,6 +159,8 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
         instruction_registry()  # fail before generation if the checkers are missing
     if engine is None:
         extra = {"alignment": cfg.alignment} if cfg.alignment != "default" else {}
+        if cfg.exclude:
+            extra["exclude"] = cfg.exclude
         engine = get_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, precision=cfg.precision,
                             **extra)
     out_dir = pathlib.Path(cfg.output_dir or os.path.join(

@@ -42,6 +42,7 @@ class Task(abc.ABC):
     samples_source: ClassVar[str]  # where the default k comes from (the report, or our choice)
     hf_path: ClassVar[str]  # default Hugging Face dataset for online users
     hf_config: ClassVar[str | None] = None
+    data_name: ClassVar[str | None] = None  # folder of the bundled rows (default: ``name``); set by tasks sharing rows
     hf_split: ClassVar[str] = "test"
     primary_metric: ClassVar[str] = "accuracy"
     metric_names: ClassVar[tuple[str, ...]] = ("accuracy",)

@@ -316,6 +316,7 @@ _NVFP4_BWD = {  # TE NVFP4BlockScaling backward defaults: SR on grads, RHT on bo
 }
 _MXFP8_BWD = {"dgrad": GemmSpec(_MX, _MX), "wgrad": GemmSpec(_MX, _MX)}
 _PER_TOKEN_FPROP = GemmSpec(_nv("per_token"), _W2D)
+_PER_TOKEN_FPROP_1D = GemmSpec(_nv("per_token"), _nv())  # weights in 1x16 blocks: no transposed copy needed
 
 _REGISTRY: dict[str, PrecisionRecipe] = {}
 
@@ -362,6 +363,16 @@ for _r in (
         group="common",
         description="NVFP4 per-token forward; BF16 dgrad/wgrad on operands dequantized from the forward values "
         "(TE nvfp4_row_scaled_fwd_high_precision_bwd). The default recipe.",
+        requires=("torch", "optional: transformer_engine>=2.20 on sm_100+"),
+    ),
+    PrecisionRecipe(
+        "nvfp4_per_token_w1x16_bf16_bwd",
+        fprop=_PER_TOKEN_FPROP_1D,
+        backward_operands="dequantized_forward",
+        group="common",
+        description="NVFP4 per-token forward with weights in 1x16 blocks (the forward GEMM's own layout); BF16 "
+        "dgrad/wgrad on the dequantized forward operands. With a BF16 backward nothing reads the transposed "
+        "weight, so 2-D weight tiles buy nothing and cost accuracy (benchmarks/learning/variants.md).",
         requires=("torch", "optional: transformer_engine>=2.20 on sm_100+"),
     ),
     PrecisionRecipe(

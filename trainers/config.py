@@ -44,7 +44,8 @@ class PrecisionConfig:
     # anything else is a minite precision recipe name (minite_kernels.recipes.list_recipes()).
     learner: str = "bf16"
     sampler: str = "bf16"
-    exclude: tuple[str, ...] = ("lm_head",)  # module-name patterns left in high precision
+    # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
+    exclude: tuple[Union[int, str], ...] = ("lm_head",)
     backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
     # strict: every reduction on the token path in fp64, rounded once (minite_kernels.strict), so the sampler's
     # log-probs equal the learner's bit for bit (CPU only for now); default: the kernels' own order
@@ -390,6 +391,11 @@ def validate(cfg: Config) -> Config:
             f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: "
             "engine=local shares one model object between learner and sampler, so both run one precision recipe. "
             "Set them equal (or use engine=verl, where vLLM is the sampler).")
+    if cfg.engine == "verl" and any(isinstance(e, int) for e in cfg.precision.exclude):
+        raise ConfigError(
+            f"precision.exclude={list(cfg.precision.exclude)!r}: block indices apply to engine=local; with "
+            "engine=verl name the modules instead (e.g. 're:layers\\.0\\.'), so the learner and vLLM's ignore "
+            "list agree")
     if cfg.precision.alignment == "strict" and (cfg.engine != "local" or cfg.model.device.startswith("cuda")):
         raise ConfigError(
             f"precision.alignment=strict runs with engine=local on the CPU (model.device=cpu); got "

@@ -58,13 +58,54 @@ def _num(v) -> float:
         return float("nan")
 
 
-def plot(runs: list[pathlib.Path], out: pathlib.Path, window: int = 5, title: str | None = None) -> pathlib.Path:
+def _figure(n: int):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
+    return plt, fig, list(axes[0])
+
+
+def _smoothed(rows: list[dict], key: str, window: int) -> dict[int, float]:
+    """``{step: moving mean of key}`` over the rows that carry ``key``."""
+    sel = [r for r in rows if key in r]
+    return dict(zip((r["step"] for r in sel), smooth([_num(r[key]) for r in sel], window)))
+
+
+def plot_groups(groups: dict[str, list[pathlib.Path]], out: pathlib.Path, window: int = 5,
+                title: str | None = None, panels: int = len(PANELS)) -> pathlib.Path:
+    """One line per group (e.g. a recipe over seeds): the mean over its runs of each run's moving mean, with a
+    min-max band over the runs, up to the last step every run of the group reached; the first ``panels``
+    panels of :data:`PANELS`."""
+    plt, fig, axes = _figure(panels)
+    for i, (label, runs) in enumerate(groups.items()):
+        series = []
+        for run in runs:
+            rows = read_rows(run)
+            series.append({key: _smoothed(rows, key, window) for key, _ in PANELS[:panels]})
+        for ax, (key, name) in zip(axes, PANELS[:panels]):
+            steps = sorted({st for s in series for st in s[key]})
+            if not steps:
+                continue
+            # only the steps every run reached, so that each point averages the same runs
+            per_step = [[s[key][st] for s in series if st in s[key] and math.isfinite(s[key][st])] for st in steps]
+            pts = [(st, sum(v) / len(v), min(v), max(v)) for st, v in zip(steps, per_step) if len(v) == len(series)]
+            if not pts:
+                continue
+            xs, mean, lo, hi = zip(*pts)
+            ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
+            ax.plot(xs, mean, color=f"C{i}", lw=2.0, label=f"{label} (n={len(runs)})")
+            ax.set_title(name)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(plt, fig, out, title)
+
+
+def plot(runs: list[pathlib.Path], out: pathlib.Path, window: int = 5, title: str | None = None) -> pathlib.Path:
+    plt, fig, axes = _figure(len(PANELS))
     for i, run in enumerate(runs):
         rows = read_rows(run)
         color = f"C{i}"
@@ -79,6 +120,11 @@ def plot(runs: list[pathlib.Path], out: pathlib.Path, window: int = 5, title: st
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    return _save(plt, fig, out, title)
+
+
+def _save(plt, fig, out: pathlib.Path, title: str | None) -> pathlib.Path:
+    """Write the figure atomically (temp file + rename), readable as the umask allows."""
     if title:
         fig.suptitle(title)
     fig.tight_layout()

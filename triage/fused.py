@@ -190,9 +190,11 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
             kw *= w
         kw *= a
         gate_stats = (n_cond, gated, gate_sum)
+        metrics["triage/gate_grad_shift"] = gate_grad_shift(n_cond, w_seg, gate_sum, row_tokens)
     else:
         gate_sum = row_tokens.float()
         gate_stats = None
+        metrics["triage/gate_grad_shift"] = torch.zeros((), device=delta.device)
         kw = w.mul_(a) if w is not None else a.clone()
     del w
 
@@ -249,6 +251,20 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
         num_active,
         metrics,
     )
+
+
+def gate_grad_shift(n_cond, w_seg, gate_sum, row_tokens) -> torch.Tensor:
+    """Mean over responses of the share of policy-gradient weight the gate moves between tokens:
+    ``1/2 sum_t |m g / sum m g - m / sum m|`` (total variation between the gated and the plain token weights).
+
+    Per segment, ``n_cond`` tokens carry ``g = w_seg`` and the rest ``g = 1``. A response whose tokens are all
+    gated alike gets 0 (the normalisation gives the gradient back), one with half its tokens at g = 0.5
+    gets 1/2 (2/3 - 1/2) * 2 = 1/6."""
+    inv_g = 1.0 / gate_sum.clamp(min=1e-30)
+    inv_n = 1.0 / row_tokens.clamp(min=1).float()
+    cond = (n_cond * (w_seg * inv_g.unsqueeze(-1) - inv_n.unsqueeze(-1)).abs()).sum(-1)
+    rest = (row_tokens - n_cond.sum(-1)) * (inv_g - inv_n).abs()
+    return 0.5 * (cond + rest).sum() / (row_tokens > 0).sum().clamp(min=1)
 
 
 def _diagnostics(diag, delta, sum_d, a, neg_gap, n_seg, k, n_valid, n_host, valid, cfg, gate_stats):

@@ -45,6 +45,7 @@ def triage_policy_loss(
 
     Metrics: ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (as verl's vanilla),
     ``triage/pg_loss``, ``triage/repair_loss``, ``triage/repair_active_segment_frac``,
+    ``triage/gate_grad_shift`` (share of gradient weight the gate moves between tokens, ``fused.gate_grad_shift``),
     ``triage/nonfinite_tokens`` and, with ``config.diagnostics``, every key of
     :data:`triage.diagnostics.MISMATCH_KEYS`.
     """

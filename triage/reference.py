@@ -43,6 +43,7 @@ from triage.tis import SAFETY_BOUND, tis_weights
 class Terms(NamedTuple):
     l: torch.Tensor  # [B, T] per-token PPO loss (with grad), exactly 0 where invalid
     weight: torch.Tensor  # [B, T] detached g * w_tis, 0 where invalid
+    weight_gate: torch.Tensor  # [B, T] detached g, 0 where invalid
     gate_sum: torch.Tensor  # [B] sum_t m g  (> 0 for every response with a valid token)
     row_tokens: torch.Tensor  # [B] sum_t m
     valid: torch.Tensor  # [B, T] bool
@@ -110,7 +111,7 @@ def compute_terms(
     if cfg.diagnostics:
         metrics.update(metric_tensors(delta, adv, valid, gate, w_tis, cfg))
     metrics["triage/nonfinite_tokens"] = nonfinite.float()
-    return Terms(l, weight, gate_sum, row_tokens, valid, repair, metrics)
+    return Terms(l, weight, gm, gate_sum, row_tokens, valid, repair, metrics)
 
 
 def triage_policy_loss_reference(
@@ -125,6 +126,7 @@ def triage_policy_loss_reference(
 
     Metrics: ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (as verl's vanilla),
     ``triage/pg_loss``, ``triage/repair_loss``, ``triage/repair_active_segment_frac``,
+    ``triage/gate_grad_shift`` (share of gradient weight the gate moves between tokens, ``fused.gate_grad_shift``),
     ``triage/nonfinite_tokens`` and, with ``config.diagnostics``, every key of
     :data:`triage.diagnostics.MISMATCH_KEYS`.
     """
@@ -135,6 +137,10 @@ def triage_policy_loss_reference(
     pg = (coef * terms.l).sum()
     metrics = terms.metrics
     metrics["triage/pg_loss"] = pg.detach()
+    with torch.no_grad():  # 1/2 sum_t |m g / sum m g - m / sum m|, mean over responses with tokens
+        plain = terms.valid / terms.row_tokens.clamp(min=1).unsqueeze(-1)
+        gated = terms.weight_gate / terms.gate_sum.clamp(min=1e-30).unsqueeze(-1)
+        metrics["triage/gate_grad_shift"] = 0.5 * (gated - plain).abs().sum() / rows
     loss = pg
     if terms.repair is not None:
         rep = config.repair_coef * terms.repair.phi_sum / terms.repair.num_segments.clamp(min=1)

@@ -22,8 +22,9 @@ from eval.engines.base import Engine
 ALIGNMENTS = ("default", "strict")
 
 
-def apply_precision(model, precision: str) -> dict:
-    """Swap the model's linears for the named minite precision recipe; returns the quantization report."""
+def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = ()) -> dict:
+    """Swap the model's linears for the named minite precision recipe (``exclude``: module-name patterns and
+    block indices kept in high precision, as the trainer's ``precision.exclude``); returns the report."""
     from minite_kernels import quantize_model
     from minite_kernels.recipes import list_recipes
 
@@ -32,7 +33,7 @@ def apply_precision(model, precision: str) -> dict:
         close = difflib.get_close_matches(precision, names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown precision recipe {precision!r}.{hint} Valid: {', '.join(names)}")
-    report = quantize_model(model, precision)
+    report = quantize_model(model, precision, exclude=list(exclude) or None)
     return report.to_dict()
 
 
@@ -40,7 +41,7 @@ class LocalEngine(Engine):
     name = "local"
 
     def __init__(self, model, tokenizer, *, precision: str | None = None, alignment: str = "default",
-                 info: dict | None = None) -> None:
+                 info: dict | None = None, exclude: tuple[int | str, ...] = ()) -> None:
         from trainers.rollout import make_sampler
 
         if alignment not in ALIGNMENTS:
@@ -52,13 +53,16 @@ class LocalEngine(Engine):
         self.model = model
         self.tokenizer = tokenizer
         self.precision = precision
-        self.quantization = apply_precision(model, precision) if precision else None
+        if exclude and not precision:
+            raise ValueError("--exclude applies to a --precision recipe; none was given")
+        self.quantization = apply_precision(model, precision, exclude) if precision else None
         self.sampler = make_sampler(model, tokenizer)
         self.info = dict(info or {})
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
-                        precision: str | None = None, alignment: str = "default") -> LocalEngine:
+                        precision: str | None = None, alignment: str = "default",
+                        exclude: tuple[int | str, ...] = ()) -> LocalEngine:
         import torch
 
         from trainers.models import load_model_and_tokenizer
@@ -66,7 +70,7 @@ class LocalEngine(Engine):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         m, tok = load_model_and_tokenizer(model, dtype=dtype, device=device)
-        return cls(m, tok, precision=precision, alignment=alignment,
+        return cls(m, tok, precision=precision, alignment=alignment, exclude=exclude,
                    info={"model": model, "dtype": dtype, "device": device})
 
     def generate(self, prompt_ids: list[list[int]], k: int, params: GenerationParams,

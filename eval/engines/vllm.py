@@ -42,7 +42,10 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
-                        precision: str | None = None, **llm_kwargs: Any) -> VLLMEngine:
+                        precision: str | None = None, exclude: tuple = (), **llm_kwargs: Any) -> VLLMEngine:
+        if exclude:
+            raise ValueError("--exclude applies to --engine local; a vLLM checkpoint carries its own ignore list "
+                             "(quantization_config.ignore in config.json)")
         vllm = import_vllm()
         quant = checkpoint_quantization(model)
         if precision and precision.startswith(("nvfp4", "w4a16")) and not quant:

@@ -1,4 +1,4 @@
 """Built-in tasks, one file each; importing this package registers them (see ``eval.task.register``)."""
 from __future__ import annotations
 
-from eval.tasks import aime24, aime25, amc23, gsm8k, ifeval, math500  # noqa: F401
+from eval.tasks import aime24, aime25, amc23, arithmetic, gsm8k, ifeval, math500  # noqa: F401

@@ -110,6 +110,20 @@ def test_precision_recipe_is_applied_and_recorded(qwen3_tokenizer_dir, tmp_path)
         LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), precision="nvfp4_pertoken")
 
 
+def test_exclude_keeps_blocks_in_high_precision(qwen3_tokenizer_dir):
+    from eval.cli import _parse_exclude
+
+    assert _parse_exclude("lm_head, 0,-1,") == ("lm_head", 0, -1)
+    full = LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), precision="nvfp4_per_token_w1x16_bf16_bwd")
+    kept = LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), precision="nvfp4_per_token_w1x16_bf16_bwd",
+                       exclude=(0,))
+    names = {e["name"] for e in kept.quantization["layers"] if e["status"] == "quantized"}
+    assert not any(".layers.0." in n for n in names) and kept.quantization["num_swapped"] < full.quantization[
+        "num_swapped"]
+    with pytest.raises(ValueError, match="applies to a --precision"):
+        LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), exclude=(0,))
+
+
 def test_strict_alignment_makes_generation_batch_invariant(qwen3_tokenizer_dir, tmp_path):
     """--alignment strict: a prompt's greedy text does not depend on the batch it runs in."""
     model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, hidden_size=128, intermediate_size=256)

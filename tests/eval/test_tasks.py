@@ -8,10 +8,11 @@ from eval.task import get_task, parse_task_list, task_names
 from trainers.rewards.math import to_number
 
 MATH_TASKS = ["aime24", "aime25", "amc23", "math500", "gsm8k"]
-ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "gsm8k": 1319, "ifeval": 541}
+ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "gsm8k": 1319, "ifeval": 541,
+        "arithmetic": 400, "arithmetic_cot": 400}
 
 
-def test_registry_lists_the_six_tasks():
+def test_registry_lists_every_task():
     assert sorted(task_names()) == sorted(ROWS)
 
 
@@ -94,3 +95,22 @@ def test_unknown_task_lists_valid_ones_and_closest():
     with pytest.raises(ValueError, match="listed twice"):
         parse_task_list("gsm8k,gsm8k")
     assert [t.name for t in parse_task_list(" GSM8K , ifeval")] == ["gsm8k", "ifeval"]
+
+
+def test_arithmetic_scores_per_level_and_shares_rows_with_the_cot_variant():
+    from eval.task import SampleScore
+
+    plain, cot = get_task("arithmetic"), get_task("arithmetic_cot")
+    rows = load_rows(plain)
+    assert rows == load_rows(cot)  # one data file, two prompts
+    a, c = plain.examples(rows)[0], cot.examples(rows)[0]
+    assert a.prompt == f"{a.question}\nGive the result as a number."
+    assert c.prompt == f"{a.question}\nThink step by step, then give the result as a number."
+    assert [sum(r["level"] == k for r in rows) for k in (1, 2, 3, 4)] == [100, 100, 100, 100]
+    exs = plain.examples(rows)
+    assert plain.score(f"so the answer is {exs[0].gold}", exs[0]).correct == 1.0
+    assert plain.score(f"{int(exs[0].gold) + 1}", exs[0]).correct == 0.0
+    # one right at level 1, one wrong at level 2: overall 1/2, per level 1 and 0, absent levels 0
+    scores = [SampleScore(1.0, "x", {"level": 1}), SampleScore(0.0, "y", {"level": 2})]
+    assert plain.aggregate(scores) == {"accuracy": 0.5, "accuracy_L1": 1.0, "accuracy_L2": 0.0,
+                                       "accuracy_L3": 0.0, "accuracy_L4": 0.0}

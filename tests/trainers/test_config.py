@@ -30,7 +30,7 @@ def test_every_training_recipe_loads(name):
 
 def test_recipes_mean_what_they_say():
     t = load_config(["recipe=triage_nvfp4"])
-    assert (t.precision.learner, t.precision.sampler) == ("nvfp4_per_token_bf16_bwd",) * 2
+    assert (t.precision.learner, t.precision.sampler) == ("nvfp4_per_token_w1x16_bf16_bwd",) * 2
     assert t.algorithm.loss_mode == "triage" and t.algorithm.triage["tis_cap"] == 2.0
     tis = load_config(["recipe=tis_nvfp4"])
     assert tis.algorithm.loss_mode == "vanilla" and tis.algorithm.rollout_correction.rollout_is == "token"
@@ -94,3 +94,10 @@ def test_optim_impl_is_validated_and_minite_is_local_only():
     with pytest.raises(ConfigError, match=r"optim.impl='minite' applies to engine=local"):
         load_config(["engine=verl", "optim.impl=minite"])
     assert load_config(["optim.impl=minite"]).optim.impl == "minite"
+
+
+def test_precision_exclude_takes_block_indices_and_names():
+    cfg = load_config(["recipe=nvfp4", "precision.exclude=[lm_head,0,-1]"])
+    assert cfg.precision.exclude == ("lm_head", 0, -1)
+    with pytest.raises(ConfigError, match="block indices apply to engine=local"):
+        load_config(["recipe=nvfp4", "engine=verl", "precision.exclude=[lm_head,0]"])

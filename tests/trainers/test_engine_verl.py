@@ -103,7 +103,7 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     assert c.reward.custom_reward_function.path == "pkg://trainers.engines.verl_patch"
     assert c.reward.custom_reward_function.name == "compute_score"
     env = c.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.MINITE_RECIPE == "nvfp4_per_token_bf16_bwd" == env.MINITE_SAMPLER_RECIPE
+    assert env.MINITE_RECIPE == "nvfp4_per_token_w1x16_bf16_bwd" == env.MINITE_SAMPLER_RECIPE
     assert all(isinstance(v, str) for v in env.values())
     assert a.actor.fsdp_config.qat.enable is True and a.actor.fsdp_config.qat.mode == "w4a16"
     assert a.rollout.qat.enable is True  # vLLM's quant config follows the actor's (interpolation)
@@ -151,8 +151,10 @@ def test_extra_overrides_replace_and_reward_hook(tmp_path):
 
 def test_sampler_plan_and_bad_sampler_recipe(tmp_path):
     plan = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4"))
-    assert plan.mode == "nvfp4_w4a16"
-    assert any("16x16" in n for n in plan.notes) and any("activations" in n for n in plan.notes)
+    assert plan.mode == "nvfp4_w4a16"  # 1x16 weight blocks: the learner's layout is vLLM's, activations differ
+    assert not any("16x16" in n for n in plan.notes) and any("activations" in n for n in plan.notes)
+    tiles = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4", "precision=nvfp4_per_token_bf16_bwd"))
+    assert any("16x16" in n for n in tiles.notes)
     w4a16 = engine.sampler_plan(_cfg(tmp_path, "bf16", "precision=w4a16_nvfp4"))
     assert w4a16.mode == "nvfp4_w4a16" and len(w4a16.notes) == 1  # same 1x16 weights, BF16 activations
     with pytest.raises(ConfigError, match="MXFP8"):

@@ -307,3 +307,66 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
     assert eng.stats["captures"] == captures
     assert [c.token_ids for c in after] != [c.token_ids for c in got]
     _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), after, atol=0.0)
+
+
+def _prefill(model, prompts):
+    from trainers.rollout.local import left_pad
+
+    ids, mask, pos = left_pad(prompts, 0, next(model.parameters()).device)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+
+
+def test_refill_copies_fresh_forward_weights_into_the_held_buffers():
+    """Without grouped weight sync every module re-quantizes its weight on the prefill after an update; the
+    engine copies the new values into the buffers its graphs read (CPU: the bookkeeping alone)."""
+    from minite_kernels import quantize_model
+    from minite_kernels.formats.nvfp4 import NVFP4Tensor
+
+    model, tok = _tiny("qwen3", tied=False)
+    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="emulated")
+    prompts = _prompts(512)
+    eng = GraphSampler(model, tok, graphs=False)
+    _prefill(model, prompts)
+    eng._fingerprint, eng._held = eng._weights_fingerprint()
+    eng._held_keys = [key for _, _, key, _, _ in eng._fprop_entries()]
+    held_ids = [id(h) for h in eng._held]
+    assert held_ids and all(isinstance(h, NVFP4Tensor) for h in eng._held)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.mul_(1.5)
+    assert not eng._refill_held()  # nothing re-made yet: the entries are stale, so re-capture
+    _prefill(model, prompts)  # every module re-quantizes: new objects at new addresses
+    fresh = [(value.data.clone(), value.scales.clone()) for *_, value in eng._fprop_entries()]
+    assert [id(v) for *_, v in eng._fprop_entries()] != held_ids
+    assert eng._refill_held() and eng.stats["refills"] == 1
+    entries = eng._fprop_entries()
+    assert [id(v) for *_, v in entries] == held_ids  # the caches hold the graphs' buffers again
+    for (data, scales), (*_, value) in zip(fresh, entries):
+        assert torch.equal(value.data, data) and torch.equal(value.scales.view(torch.uint8), scales.view(torch.uint8))
+    assert eng._weights_fingerprint()[0] == eng._fingerprint  # the addresses the graphs read, unchanged
+
+
+@gpu
+def test_gpu_fp32_nvfp4_weight_updates_refill_instead_of_recapture():
+    """An fp32 model's NVFP4 linears are outside ModelWeightSync (BF16 only): after an update, the prefill
+    re-quantizes them afresh, and the engine refills the graphs' buffers instead of capturing again."""
+    pytest.importorskip("triton")
+    from minite_kernels import quantize_model
+
+    model, tok = _tiny("llama", tied=True, device="cuda")
+    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd")
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=16, seed=2)
+    eng = GraphSampler(model, tok, graphs=True)
+    before = eng.generate(prompts, p)
+    captures = eng.stats["captures"]
+    assert captures >= 1 and eng.describe()["decode"] == "cuda_graph"
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(torch.randn_like(prm) * 0.05)
+    after = eng.generate(prompts, p)
+    assert eng.stats["refills"] >= 1, eng.describe()
+    assert eng.stats["captures"] == captures, eng.describe()
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    _compare(GraphSampler(model, tok, graphs=False).generate(prompts, p), after, atol=0.0)

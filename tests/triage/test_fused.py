@@ -163,3 +163,20 @@ def test_mismatch_metrics_one_host_read_back(force_sync_free, read_backs, monkey
     calls = list(counter.calls)
     monkeypatch.undo()
     assert calls == ["tolist"], calls
+
+
+def test_gate_grad_shift_hand_computed():
+    from triage.fused import gate_grad_shift
+
+    # 4 tokens, 2 gated at g = 0.5: weights [1/6, 1/6, 1/3, 1/3] vs [1/4] * 4 -> TV = 1/2 * 4/12 = 1/6
+    half = gate_grad_shift(torch.tensor([[2]], dtype=torch.int32), torch.tensor([[0.5]]), torch.tensor([3.0]),
+                           torch.tensor([4], dtype=torch.int32))
+    assert half.item() == pytest.approx(1 / 6)
+    # every token gated alike: the response normalisation gives the gradient back -> 0
+    alike = gate_grad_shift(torch.tensor([[4]], dtype=torch.int32), torch.tensor([[0.5]]), torch.tensor([2.0]),
+                            torch.tensor([4], dtype=torch.int32))
+    assert alike.item() == pytest.approx(0.0, abs=1e-7)
+    # an empty response does not count: mean over the one non-empty response
+    two = gate_grad_shift(torch.tensor([[2], [0]], dtype=torch.int32), torch.tensor([[0.5], [1.0]]),
+                          torch.tensor([3.0, 0.0]), torch.tensor([4, 0], dtype=torch.int32))
+    assert two.item() == pytest.approx(1 / 6)

@@ -41,6 +41,9 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite losses; the last good checkpoint is intact."""
 
 
+#: GraphSampler.stats counters logged per step as ``rollout/<name>`` (what changed during that step's rollout)
+SAMPLER_COUNTS = ("captures", "refills", "eager_steps", "compactions")
+
 def env_snapshot() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_ECHO_PREFIXES)}
 
@@ -106,7 +109,7 @@ def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]
     if env_recipe and recipe and env_recipe != recipe:
         print(f"[trainers] MINITE_RECIPE={env_recipe} is ignored: the training recipe names precision "
               f"{recipe!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
-    exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None
+    exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None  # names and block indices
     report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=cfg.precision.backend,
                             lm_head="lm_head" not in cfg.precision.exclude)
     return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
@@ -398,8 +401,12 @@ class LocalTrainer:
                                 max_new_tokens=cfg.rollout.max_new_tokens,
                                 seed=cfg.trainer.seed * 1_000_003 + step)
         self.model.eval()
+        before = dict(getattr(self.sampler, "stats", {}))
         with timed(t, "timing/rollout_s", self.device):
             completions = self.sampler.generate(prompts, params)
+        # the engine's graph work this step: a capture costs a warm-up step plus the capture, a refill a copy
+        sampler_counts = {f"rollout/{k}": float(v - before.get(k, 0))
+                          for k, v in getattr(self.sampler, "stats", {}).items() if k in SAMPLER_COUNTS}
         with timed(t, "timing/reward_s", self.device):
             scores, reward_extra = self._score(step, examples, completions)
         batch = collate(completions, self.sampler.pad_id, self.device)
@@ -441,7 +448,7 @@ class LocalTrainer:
             "perf/response_tokens": float(ntok), "perf/step_s": step_s,
             "perf/tokens_per_s": ntok / max(step_s, 1e-9),
             "perf/rollout_tokens_per_s": ntok / max(t["timing/rollout_s"], 1e-9),
-            "train/nan_skipped": float(nonfinite), **reward_extra, **t,
+            "train/nan_skipped": float(nonfinite), **reward_extra, **t, **sampler_counts,
         })
         self._log_samples(step, examples, completions, scores)
         if nonfinite:

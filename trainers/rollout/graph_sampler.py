@@ -21,8 +21,11 @@ reference loop's wherever the logits are equal.
 
 Graphs stay valid while the tensors they read keep their addresses: parameters updated in place, and NVFP4
 weights re-quantized into the same buffers (``ModelWeightSync``). A fingerprint of those addresses is
-taken after every prefill; when it changes (new parameters, or quantized weights made afresh) the graphs are
-re-captured. With the emulated (pure PyTorch) NVFP4 backend, whose quantizer checks values on the host, or
+taken after every prefill. When only the quantized forward weights were made afresh (a module re-quantized
+its own weight on the prefill, as every module does without ``ModelWeightSync``, e.g. in an fp32 model), their
+values are copied into the buffers the graphs read and those buffers go back into the modules' caches
+(``stats["refills"]``); when anything else changed (new parameters, another layout, an entry the prefill did
+not refresh) the graphs are re-captured. With the emulated (pure PyTorch) NVFP4 backend, whose quantizer checks values on the host, or
 whenever a capture fails, the step runs eagerly and ``describe()`` says why.
 """
 from __future__ import annotations
@@ -128,8 +131,10 @@ class GraphSampler(Sampler):
         self._pool = None
         self._fingerprint: tuple | None = None
         self._held: list = []  # the quantized weights the graphs read, kept alive while they exist
+        self._held_keys: list = []  # their cache keys, in the order of ``_fprop_entries``
         self.eager_reason: str | None = None
-        self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "compactions": 0, "host_checks": 0}
+        self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "compactions": 0, "host_checks": 0,
+                      "refills": 0}
 
     def _use_graphs(self) -> bool:
         return self.graphs_mode is not False and self.device.type == "cuda" and self.eager_reason is None
@@ -166,27 +171,77 @@ class GraphSampler(Sampler):
     def _drop_graphs(self) -> None:
         self._graphs.clear()
         self._held = []
+        self._held_keys = []
         self._fingerprint = None
 
-    def _weights_fingerprint(self) -> tuple[tuple, list]:
-        """Addresses of every tensor a captured step reads besides the state: parameters, and the quantized
-        forward weights (and their derived GEMM operands) cached in minite modules. The learner's backward
-        entries (dgrad / wgrad operands) are left out: the decode step never reads them."""
-        ptrs: list = [p.data_ptr() for p in self.model.parameters()]
-        held: list = []
+    def _fprop_entries(self) -> list[tuple]:
+        """``(module, entries, key, token, value)`` of every forward weight (and derived GEMM operand) cached in
+        minite modules. The learner's backward entries (dgrad / wgrad operands) are left out: the decode step
+        never reads them."""
+        out = []
         for m in self.model.modules():
             cache = getattr(m, "_weight_cache", None)
             entries = getattr(cache, "_entries", None)
             if not entries:
                 continue
-            for key, (_, value) in sorted(entries.items(), key=lambda kv: repr(kv[0])):
-                if not (isinstance(key, tuple) and key and key[0] == "fprop"):
-                    continue
-                held.append(value)
-                ptrs.append(repr(key))
-                attrs = value.__dict__ if hasattr(value, "__dict__") else {"": value}
-                ptrs.extend(t.data_ptr() for t in attrs.values() if isinstance(t, torch.Tensor))
+            for key, (token, value) in sorted(entries.items(), key=lambda kv: repr(kv[0])):
+                if isinstance(key, tuple) and key and key[0] == "fprop":
+                    out.append((m, entries, key, token, value))
+        return out
+
+    def _weights_fingerprint(self) -> tuple[tuple, list]:
+        """Addresses of every tensor a captured step reads besides the state: parameters, and the cached
+        forward weights; and those cached values (the graphs' ``held`` buffers)."""
+        ptrs: list = [p.data_ptr() for p in self.model.parameters()]
+        held: list = []
+        for _, _, key, _, value in self._fprop_entries():
+            held.append(value)
+            ptrs.append(repr(key))
+            ptrs.extend(t.data_ptr() for t in _attrs(value).values() if isinstance(t, torch.Tensor))
         return tuple(ptrs), held
+
+    def _refill_held(self) -> bool:
+        """Copy freshly made forward weights into the buffers the graphs read (``self._held``) and put those
+        buffers back into the modules' caches. False, changing nothing, unless the parameters kept their
+        addresses, every entry matches its held buffer in key, layout and non-tensor fields, and every entry
+        is current (made from the module's present weight): a stale one would be re-made at its next use,
+        outside the graphs."""
+        if not self._held or self._fingerprint is None:
+            return False
+        n_params = sum(1 for _ in self.model.parameters())
+        if tuple(p.data_ptr() for p in self.model.parameters()) != self._fingerprint[:n_params]:
+            return False
+        current = self._fprop_entries()
+        if len(current) != len(self._held) or len(current) != len(self._held_keys):
+            return False
+        moves = []
+        for (m, entries, key, token, value), held, held_key in zip(current, self._held, self._held_keys):
+            weight = getattr(m, "weight", None)
+            if key != held_key or not isinstance(weight, torch.Tensor) or token != type(m._weight_cache)._token(weight):
+                return False
+            if value is held:
+                continue
+            new, old = _attrs(value), _attrs(held)
+            if new.keys() != old.keys():
+                return False
+            for name, x in new.items():
+                y = old[name]
+                if isinstance(x, torch.Tensor):
+                    if not (isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+                            and x.device == y.device and x.stride() == y.stride()):
+                        return False
+                elif isinstance(y, torch.Tensor) or not _same(x, y):
+                    return False
+            moves.append((entries, key, token, value, held))
+        with torch.no_grad():
+            for entries, key, token, value, held in moves:
+                old = _attrs(held)
+                for name, x in _attrs(value).items():
+                    if isinstance(x, torch.Tensor):
+                        old[name].copy_(x)
+                entries[key] = (token, held)
+        self.stats["refills"] += 1
+        return True
 
     def _clear_backend_caches(self) -> None:
         for m in self.model.modules():
@@ -241,9 +296,10 @@ class GraphSampler(Sampler):
 
         if self._use_graphs():
             fp, held = self._weights_fingerprint()
-            if fp != self._fingerprint:
+            if fp != self._fingerprint and not self._refill_held():
                 self._drop_graphs()
                 self._fingerprint, self._held = fp, held
+                self._held_keys = [key for _, _, key, _, _ in self._fprop_entries()]
         done = 1
         while done < T:
             k = min(self.check_every, T - done)
@@ -355,3 +411,15 @@ class GraphSampler(Sampler):
             self._clear_backend_caches()
         self._graphs[key] = g
         self.stats["captures"] += 1
+
+
+def _attrs(value) -> dict:
+    """The fields of a cached weight entry (a tensor, or an object holding tensors and plain fields)."""
+    return value.__dict__ if hasattr(value, "__dict__") else {"": value}
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - fields that do not compare are treated as different
+        return a is b

