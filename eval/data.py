@@ -2,11 +2,11 @@
 Hugging Face dataset id (online users only; never used unless asked for)."""
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
 from eval.task import Task
+from trainers.data.jsonl import iter_json_objects
 
 BUNDLED_DIR = pathlib.Path(__file__).resolve().parent / "data"
 
@@ -16,18 +16,9 @@ def bundled_path(task: Task) -> pathlib.Path:
 
 
 def iter_jsonl(path: str | os.PathLike):
-    """Yield ``(line_number, row)`` for every non-blank line; a bad line raises naming ``path:line``."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")  # noqa: TRY004
-            yield lineno, row
+    """Yield ``(line_number, row)`` for every non-blank line; a bad file or line raises ValueError naming
+    ``path:line`` (``trainers.data.jsonl``)."""
+    yield from iter_json_objects(path, ValueError)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

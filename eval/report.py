@@ -55,10 +55,18 @@ def load_run(path: str | os.PathLike) -> dict:
         p = p / "results.json"
     if not p.is_file():
         raise FileNotFoundError(f"no results at {path}: pass an `eval run` output directory or its results.json")
-    with open(p, encoding="utf-8") as f:
-        results = json.load(f)
-    if not isinstance(results, dict) or "tasks" not in results:
-        raise ValueError(f"{p} is not an `eval run` results file (no 'tasks')")
+    try:
+        with open(p, encoding="utf-8") as f:
+            results = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{p} is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(results, dict) or not isinstance(results.get("tasks"), dict):
+        raise ValueError(f"{p} is not an `eval run` results file (no 'tasks' mapping)")
+    for name, t in results["tasks"].items():
+        missing = [k for k in ("mean", "title") if not isinstance(t, dict) or k not in t]
+        if missing or not isinstance(t["mean"], (int, float)):
+            raise ValueError(f"{p}: task {name!r} lacks {missing or ['a numeric mean']}; is it an `eval run` "
+                             "results file?")
     results.setdefault("name", p.parent.name)
     return results
 

@@ -31,6 +31,7 @@ from eval.engines.base import Engine, render_prompt
 from eval.metrics import equal_weighted_average, summarize_task
 from eval.report import atomic_write_json, atomic_write_text, run_markdown
 from eval.task import MATH_PROMPT_SUFFIX, Task, get_task
+from trainers.checkpoint import sha256_file
 
 DEFAULT_TASKS = ("aime24", "aime25", "math500", "gsm8k", "ifeval")  # the report's Table 6-8 task set
 SAMPLING_DEFAULTS_NOTE = ("report §6.2.2 states k per task but not the sampling settings; temperature 0.6, "
@@ -166,6 +167,11 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
     out_dir = pathlib.Path(cfg.output_dir or os.path.join(
         "outputs", "eval", f"{_slug(cfg.model)}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    # an earlier run's results go first: a run killed before its own results.json is written then leaves
+    # samples.jsonl without results (visibly incomplete), never results of one run beside samples of another
+    for stale in [out_dir / "results.json", out_dir / "results.md", *out_dir.glob(".samples.jsonl.*.tmp"),
+                  *out_dir.glob(".results.*.tmp")]:
+        stale.unlink(missing_ok=True)
 
     from tqdm.auto import tqdm
 
@@ -212,9 +218,11 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
         "generation": {"responses": total, "tokens": gen_tokens, "seconds": gen_seconds,
                        "tokens_per_s": gen_tokens / gen_seconds if gen_seconds > 0 else None},
         "protocol": _protocol(cfg, tasks, ks, engine, sources),
+        "samples_sha256": sha256_file(out_dir / "samples.jsonl"),  # ties the two files together
         "config": {**{k: v for k, v in asdict(cfg).items() if k != "params"}, "params": asdict(cfg.params)},
     }
     atomic_write_json(out_dir / "results.json", results)
     atomic_write_text(out_dir / "results.md", run_markdown(results))
     results["output_dir"] = str(out_dir)
     return results
+

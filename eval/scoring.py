@@ -2,8 +2,10 @@
 
 Input: jsonl rows with ``index`` (0-based row of the task's data file) or ``prompt`` (the exact question
 text of the data file, or the exact templated prompt ``eval run`` sends), plus ``response`` (string) or
-``responses`` (list of strings). Every response is scored; math ``accuracy`` is the mean over all of them
-(avg@k when each row carries k responses); IFEval's metrics are computed over all (prompt, response) pairs.
+``responses`` (list of strings), and optionally ``sample`` (as ``eval run``'s samples.jsonl). Every response is
+scored; math ``accuracy`` is the mean over all of them (avg@k); IFEval's metrics are computed over all (prompt,
+response) pairs. Every prompt must have the same number of responses, and a (prompt, sample) pair may appear
+once, so that no prompt weighs more than another.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def read_predictions(path: str | os.PathLike, examples: list[Example]) -> list[t
         by_text.setdefault(ex.question, ex)
         by_text.setdefault(ex.prompt, ex)
     out = []
+    seen: dict[tuple, int] = {}
     path = str(path)
     for lineno, row in iter_jsonl(path):
         if "index" in row:
@@ -50,9 +53,23 @@ def read_predictions(path: str | os.PathLike, examples: list[Example]) -> list[t
         else:
             raise _row_error(path, lineno, "row needs 'response' (string) or 'responses' (list of strings); "
                                            f"keys present: {sorted(row)}")
+        if "sample" in row:
+            key = (ex.index, row["sample"])
+            if key in seen:
+                raise _row_error(path, lineno, f"prompt {ex.index} sample {row['sample']!r} is already on line "
+                                               f"{seen[key]}: a duplicated row would count twice")
+            seen[key] = lineno
         out.append((ex, responses))
     if not out:
         raise ValueError(f"{path}: no prediction rows")
+    counts: dict[int, int] = {}
+    for ex, responses in out:
+        counts[ex.index] = counts.get(ex.index, 0) + len(responses)
+    if len(set(counts.values())) > 1:
+        (lo_i, lo), (hi_i, hi) = min(counts.items(), key=lambda kv: kv[1]), max(counts.items(), key=lambda kv: kv[1])
+        raise ValueError(f"{path}: prompts have unequal numbers of responses (prompt {lo_i}: {lo}, prompt {hi_i}: "
+                         f"{hi}); avg@k needs the same k for every prompt, so a repeated row would weigh its "
+                         "prompt more. Remove duplicates or give every prompt k responses")
     return out
 
 

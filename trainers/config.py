@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import pathlib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ class PrecisionConfig:
     learner: str = "bf16"
     sampler: str = "bf16"
     # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
-    exclude: tuple[Union[int, str], ...] = ("lm_head",)
+    exclude: tuple[int | str, ...] = ("lm_head",)
     backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
     # strict: every reduction on the token path in fp64, rounded once (minite_kernels.strict), so the sampler's
     # log-probs equal the learner's bit for bit (CPU only for now); default: the kernels' own order
@@ -271,6 +273,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}={value!r} must be an integer")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # 1e400 parses as inf, .nan as nan: neither is a setting
+                raise ConfigError(f"{key}={value!r} must be a finite number")
             return float(value)
         raise ConfigError(f"{key}={value!r} must be a number")
     if tp is str:
@@ -396,6 +400,8 @@ def validate(cfg: Config) -> Config:
             f"precision.exclude={list(cfg.precision.exclude)!r}: block indices apply to engine=local; with "
             "engine=verl name the modules instead (e.g. 're:layers\\.0\\.'), so the learner and vLLM's ignore "
             "list agree")
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device):
+        raise ConfigError(f"model.device={cfg.model.device!r} is not a device; valid: auto, cpu, cuda, cuda:N, mps")
     if cfg.precision.alignment == "strict" and (cfg.engine != "local" or cfg.model.device.startswith("cuda")):
         raise ConfigError(
             f"precision.alignment=strict runs with engine=local on the CPU (model.device=cpu); got "

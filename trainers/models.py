@@ -137,7 +137,11 @@ def load_model_and_tokenizer(path: str | os.PathLike | None = None, *, dtype: st
             if not (p / "config.json").is_file():
                 raise ModelLoadError(f"model.path={str(path)!r} is a directory without config.json; expected a "
                                      "Hugging Face model directory (config.json + *.safetensors + tokenizer files)")
-            model, tok = _from_pretrained(p, torch_dtype, device)
+            try:
+                model, tok = _from_pretrained(p, torch_dtype, device)
+            except (OSError, ValueError, KeyError) as e:  # a broken config.json, missing weights, bad tokenizer
+                why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                raise ModelLoadError(f"model.path={str(path)!r} is not a loadable Hugging Face model dir: {why}") from e
         elif _looks_like_path(str(path)):
             raise ModelLoadError(f"model.path={str(path)!r} does not exist. Valid choices: a local HF model dir, "
                                  f"a hub id like 'Qwen/Qwen3-4B', or one of {list(SMOLLM2_ALIASES)} (embedded)")

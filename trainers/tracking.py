@@ -12,7 +12,7 @@ import pathlib
 from typing import Any
 
 from trainers.checkpoint import atomic_write_text
-from trainers.config import Config, to_container
+from trainers.config import Config, ConfigError, to_container
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -61,15 +61,26 @@ class Tracker:
             import wandb
 
             w = cfg.logger.wandb
-            self.wandb_run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.name,
-                                        tags=list(w.tags) or None, dir=str(run_dir), mode=self.mode,
-                                        config={**to_container(cfg), "run_meta": meta}, resume="allow",
-                                        id=meta.get("run_id"))
+            try:
+                self.wandb_run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.name,
+                                            tags=list(w.tags) or None, dir=str(run_dir), mode=self.mode,
+                                            config={**to_container(cfg), "run_meta": meta}, resume="allow",
+                                            id=meta.get("run_id"), settings=wandb.Settings(init_timeout=30))
+            except Exception as e:  # noqa: BLE001 - no key, no network, a refused login: one line, no traceback
+                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"wandb could not start in mode {self.mode!r} ({why}); set WANDB_API_KEY and check "
+                                  "the network, or pass logger.wandb.mode=offline (or disabled)") from None
         self.progress = None
         self.task = None
         if cfg.logger.progress:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),

@@ -169,8 +169,9 @@ def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:
                     (n_all - n_valid) if cfg.tis_cap <= 1.0 else 0
                 )
             w.clamp_(max=cfg.tis_cap)
-            if cfg.diagnostics:  # invalid tokens carry w = min(1, C)
-                diag["tis/weight_mean"] = w.sum() - (n_all - n_valid) * min(1.0, cfg.tis_cap)
+            if cfg.diagnostics:  # over valid tokens only: subtracting the padding's min(1, C) from a sum over
+                # all tokens loses the small valid sum to fp32 cancellation when padding dominates
+                diag["tis/weight_mean"] = torch.where(valid, w, 0.0).sum()
         else:
             del dc
             if cfg.diagnostics:  # w = 1: nothing clipped, mean 1 (0 without valid tokens)

@@ -45,7 +45,12 @@ def as_mask(mask: torch.Tensor, ref_name: str, ref: torch.Tensor) -> torch.Tenso
         return mask
     if mask.is_complex():
         raise TypeError(f"mask must be bool or 0/1 numbers, got dtype {mask.dtype}")
-    return mask != 0
+    valid = mask != 0
+    bad = valid & (mask != 1)  # 0.5, 2, -1 and NaN are not "in" or "out"; one host read for the check
+    if bool(bad.any()):
+        raise ValueError(f"mask must hold only 0 and 1 (or be bool); it holds {mask[bad].flatten()[0].item()!r} "
+                         f"at {int(bad.sum())} position(s)")
+    return valid
 
 
 def as_advantages(advantages: torch.Tensor, ref_name: str, ref: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,9 @@ def check_float_tensor(x: object, what: str) -> torch.Tensor:
             f"{what} expects a floating tensor; got dtype {str(x.dtype).replace('torch.', '')}. "
             f"Valid dtypes: {names}"
         )
+    if x.is_meta:
+        raise ValueError(f"{what}: a meta tensor has no values to quantize; materialize it first "
+                         "(e.g. module.to_empty(device=...) and load the weights)")
     return x
 
 

@@ -178,9 +178,13 @@ class NVFP4Tensor:
 
 
 def _normalize_tile(tile: object) -> tuple[int, int]:
+    """``(1, 16)``, ``[16, 16]`` or the strings ``"1x16"`` / ``"16x16"``; anything else names the valid tiles."""
+    if isinstance(tile, str):
+        parts = tile.lower().split("x")
+        tile = parts if len(parts) == 2 and all(p.isdigit() for p in parts) else tile
     try:
         t = tuple(int(v) for v in tile)  # type: ignore[union-attr]
-    except TypeError:
+    except (TypeError, ValueError):
         t = tile  # type: ignore[assignment]
     check_choice("tile", t, TILES)
     return t  # type: ignore[return-value]

@@ -103,6 +103,9 @@ class QuantizedLinearMixin:
         self._weight_cache.put(("fprop", spec, group), weight, quantized)
 
     def _apply_linear(self, x: torch.Tensor, weight: torch.Tensor, bias, m_splits=None) -> torch.Tensor:
+        if not x.is_floating_point():  # as nn.Linear: integer inputs are a mistake, not something to round
+            raise TypeError(f"{type(self).__name__}: input dtype {x.dtype} is not a floating type; valid: "
+                            "float32, bfloat16, float16, float64")
         r, quantized, _, _, backend = self._dispatch(x.device)
         if not quantized and m_splits is None:
             return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))

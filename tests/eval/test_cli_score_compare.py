@@ -28,13 +28,24 @@ def test_score_math_index_and_prompt_rows(tmp_path, capsys):
     preds = _write(tmp_path / "p.jsonl", [
         {"index": 0, "responses": [f"\\boxed{{{exs[0].gold}}}", "\\boxed{1}"]},  # 1 of 2
         {"prompt": exs[1].question, "response": f"so \\boxed{{{exs[1].gold}}}"},  # bare question text
-        {"prompt": exs[2].prompt, "response": "I cannot solve this."},  # templated prompt; nothing extractable
+        {"prompt": exs[1].question, "response": "\\boxed{1}"},  # its second sample, on a row of its own
+        {"prompt": exs[2].prompt, "responses": ["I cannot solve this.", "no"]},  # templated prompt; nothing
     ])
     rc, out, _ = _score(capsys, "aime24", preds, "--json")
     assert rc == 0 and len(out.strip().splitlines()) == 1
     res = json.loads(out)
-    # 4 responses, 2 correct; the unanswerable one is counted, not dropped
-    assert res["accuracy"] == pytest.approx(0.5) and res["n"] == 4 and res["n_prompts"] == 3
+    # 6 responses, 2 correct; the unanswerable ones are counted, not dropped
+    assert res["accuracy"] == pytest.approx(2 / 6) and res["n"] == 6 and res["n_prompts"] == 3
+
+
+def test_score_refuses_duplicated_rows_and_unequal_k(tmp_path, capsys):
+    exs = get_task("aime24").examples(load_rows(get_task("aime24")))
+    right = {"index": 0, "sample": 0, "response": f"\\boxed{{{exs[0].gold}}}"}
+    rc, _, err = _score(capsys, "aime24", _write(tmp_path / "d.jsonl", [right, right]))
+    assert rc == 2 and "d.jsonl:2: prompt 0 sample 0 is already on line 1" in err
+    five = [{**right, "sample": s} for s in range(5)] + [{"index": 1, "response": "\\boxed{1}"}]
+    rc, _, err = _score(capsys, "aime24", _write(tmp_path / "u.jsonl", five))
+    assert rc == 2 and "unequal numbers of responses (prompt 1: 1, prompt 0: 5)" in err
 
 
 def test_score_ifeval_metrics(tmp_path, capsys):
@@ -87,3 +98,20 @@ def test_tasks_command(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     assert "aime24" in out and "k=6" in out and "prompt_level_strict" in out
+
+
+def test_score_on_a_directory_or_deep_json_is_one_line(tmp_path, capsys):
+    rc, _, err = _score(capsys, "aime24", str(tmp_path))
+    assert rc == 2 and "is a directory, not a jsonl file" in err and "Traceback" not in err
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    rc, _, err = _score(capsys, "aime24", str(deep))
+    assert rc == 2 and "deep.jsonl:1:" in err and "Traceback" not in err
+
+
+def test_compare_on_a_results_file_missing_keys_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "r.json"
+    bad.write_text(json.dumps({"tasks": {"gsm8k": {"k": 4}}}))
+    rc = main(["compare", str(bad), str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "task 'gsm8k' lacks ['mean', 'title']" in err and "Traceback" not in err

@@ -251,3 +251,29 @@ def test_chat_template_kwargs_reach_the_template(tiny, capsys):
     assert tok.decode(render_prompt(tok, "Hi", chat_template=False)) == "Hi"
     rc = main(["run", "x", "--tasks", "gsm8k", "--chat-template-kwargs", "[1]"])
     assert rc == 2 and "--chat-template-kwargs must be a JSON object" in capsys.readouterr().err
+
+
+def test_rerun_into_a_directory_never_mixes_two_runs(tiny, tmp_path, monkeypatch):
+    import hashlib
+
+    from eval import runner
+
+    model, tok = tiny
+    out = tmp_path / "run"
+    cfg = RunConfig(model="tiny-qwen3", tasks=("gsm8k",), samples={"gsm8k": 1}, limit=2, params=FAST,
+                    output_dir=str(out))
+    run_eval(cfg, engine=LocalEngine(model, tok), show_progress=False)
+    res = json.loads((out / "results.json").read_text())
+    assert res["samples_sha256"] == hashlib.sha256((out / "samples.jsonl").read_bytes()).hexdigest()
+    (out / ".samples.jsonl.left.tmp").write_text("from a killed run")
+
+    def killed(*_a, **_k):
+        raise KeyboardInterrupt  # the process dies between writing samples.jsonl and results.json
+
+    monkeypatch.setattr(runner, "atomic_write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(RunConfig(**{**cfg.__dict__, "params": GenerationParams(temperature=1.0, max_new_tokens=4,
+                                                                         seed=7, batch_size=8)}),
+                 engine=LocalEngine(model, tok), show_progress=False)
+    assert (out / "samples.jsonl").is_file() and not (out / "results.json").exists()  # incomplete, not mixed
+    assert not list(out.glob(".*.tmp"))

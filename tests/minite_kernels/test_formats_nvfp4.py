@@ -408,3 +408,14 @@ def test_nvfp4_tensor_metadata_and_repr():
     from minite_kernels.formats import e2m1_encode
 
     assert torch.equal(e2m1_encode(scaled.clamp(-6, 6)), q.codes())
+
+
+def test_tile_strings_and_meta_tensors():
+    from minite_kernels.formats import quantize_nvfp4
+
+    x = torch.randn(16, 32)
+    assert torch.equal(quantize_nvfp4(x, tile="16x16").data, quantize_nvfp4(x, tile=(16, 16)).data)
+    with pytest.raises(ValueError, match=r"tile=.* is not valid; choose one of \[\(1, 16\), \(16, 16\)\]"):
+        quantize_nvfp4(x, tile="2x16")
+    with pytest.raises(ValueError, match="a meta tensor has no values to quantize"):
+        quantize_nvfp4(torch.empty(4, 16, device="meta"))

@@ -264,3 +264,12 @@ def test_set_quantized_weight_is_used_until_the_weight_changes(data):
         assert torch.equal(layer(x), y)
     with pytest.raises(ValueError, match="not made with"):
         layer.set_quantized_weight(quantize_nvfp4(torch.randn(96, 64)))
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4_per_token_w1x16_bf16_bwd"])
+def test_integer_input_is_refused_like_nn_linear(recipe):
+    from minite_kernels.modules import Linear
+
+    lin = Linear(32, 16, qlinear_params=recipe)
+    with pytest.raises(TypeError, match="input dtype torch.int64 is not a floating type"):
+        lin(torch.ones(2, 32, dtype=torch.int64))

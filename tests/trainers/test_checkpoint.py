@@ -1,6 +1,8 @@
 """Checkpoints are atomic: a crash while saving leaves the previous checkpoint and `latest` untouched."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -69,6 +71,9 @@ def test_a_crafted_pickle_is_refused_and_never_run(tiny_model, tmp_path, name):
     d = C.save_checkpoint(root, 1, model=model, tokenizer=tok, optimizer=opt, scheduler=None, trainer_state={})
     target = tmp_path / "pwned"
     torch.save({"python": _Payload(target)}, d / name)
+    with pytest.raises(C.CheckpointError, match=f"{name} has .* bytes"):  # the manifest notices first
+        C.load_checkpoint(d, model=model, optimizer=opt, scheduler=None)
+    (d / C.MANIFEST).unlink()  # whoever crafts the file can drop the manifest too: the loader still refuses
     with pytest.raises(C.CheckpointError, match=f"refusing to load .*{name}: it holds objects other than"):
         C.load_checkpoint(d, model=model, optimizer=opt, scheduler=None)
     assert not target.exists()
@@ -99,3 +104,75 @@ def test_latest_pointer_cannot_leave_the_run(tiny_model, tmp_path, pointer):
     (outside / C.STATE_FILE).write_text("{}")
     (root / "latest").write_text(pointer + "\n")
     assert C.latest_checkpoint(root) == root / "step_000001"  # the pointer is ignored, the scan finds ours
+
+
+def _damage(kind: str, d):
+    """One way of breaking a saved checkpoint (the cases of issue #17's corruption sweep)."""
+    model_file = d / "model.safetensors"
+    if kind == "truncated_model":
+        model_file.write_bytes(model_file.read_bytes()[:1000])
+    elif kind == "garbage_model":
+        model_file.write_bytes(b"\x00garbage" * 100)
+    elif kind == "bit_flip_model":
+        b = bytearray(model_file.read_bytes())
+        b[-7] ^= 0x10
+        model_file.write_bytes(bytes(b))
+    elif kind == "empty_optimizer":
+        (d / "optimizer.pt").write_bytes(b"")
+    elif kind == "truncated_optimizer":
+        (d / "optimizer.pt").write_bytes((d / "optimizer.pt").read_bytes()[:100])
+    elif kind == "bad_state":
+        (d / C.STATE_FILE).write_text("{not json")
+    elif kind == "missing_rng":
+        (d / "rng.pt").unlink()
+    elif kind == "bit_flip_no_manifest":  # an old checkpoint without a manifest: the loaders still refuse
+        (d / C.MANIFEST).unlink()
+        (d / "optimizer.pt").write_bytes((d / "optimizer.pt").read_bytes()[:100])
+
+
+DAMAGE = ["truncated_model", "garbage_model", "bit_flip_model", "empty_optimizer", "truncated_optimizer",
+          "bad_state", "missing_rng", "bit_flip_no_manifest"]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_a_damaged_checkpoint_is_one_clear_error_and_changes_nothing(qwen3_tokenizer_dir, tmp_path, kind):
+    from trainers.models import tiny_random_qwen3
+
+    model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
+    opt = _opt(model)
+    d = C.save_checkpoint(tmp_path / "checkpoints", 1, model=model, tokenizer=tok, optimizer=opt, scheduler=None,
+                          trainer_state={})
+    with torch.no_grad():  # the model now differs from the checkpoint, so a partial load would show
+        for p in model.parameters():
+            p.add_(1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _damage(kind, d)
+    with pytest.raises(C.CheckpointError) as e:
+        C.load_checkpoint(d, model=model, optimizer=opt, scheduler=None)
+    assert str(d) in str(e.value) and "\n" not in str(e.value)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was applied
+
+
+def test_newest_first_lists_latest_then_older(tiny_model, tmp_path):
+    model, tok = tiny_model
+    opt = _opt(model)
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        C.save_checkpoint(root, step, model=model, tokenizer=tok, optimizer=opt, scheduler=None, trainer_state={},
+                          keep=3)
+    assert [p.name for p in C.checkpoints_newest_first(root)] == ["step_000003", "step_000002", "step_000001"]
+    manifest = json.loads((root / "step_000003" / C.MANIFEST).read_text())
+    assert {"model.safetensors", "optimizer.pt", "rng.pt", C.STATE_FILE} <= set(manifest)
+
+
+def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
+    from trainers.config import ConfigError, load_config
+    from trainers.tracking import Tracker
+
+    for var in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login either
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    cfg = load_config(["logger.wandb.mode=online", f"trainer.output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="wandb could not start in mode 'online'.*logger.wandb.mode=offline"):
+        Tracker(cfg, tmp_path / "run", start_step=0, meta={})

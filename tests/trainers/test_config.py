@@ -101,3 +101,9 @@ def test_precision_exclude_takes_block_indices_and_names():
     assert cfg.precision.exclude == ("lm_head", 0, -1)
     with pytest.raises(ConfigError, match="block indices apply to engine=local"):
         load_config(["recipe=nvfp4", "engine=verl", "precision.exclude=[lm_head,0]"])
+
+
+@pytest.mark.parametrize("override", ["optim.lr=1e400", "optim.lr=.nan", "rollout.temperature=-1e999"])
+def test_non_finite_numbers_are_refused(override):
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        load_config([override])

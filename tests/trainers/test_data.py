@@ -4,8 +4,15 @@ from __future__ import annotations
 import pytest
 
 from trainers.config import DataConfig
-from trainers.data import (GSM8K_TRAIN, DatasetError, PromptSchedule, arithmetic_examples, gsm8k_gold, load_examples,
-                           render_prompt)
+from trainers.data import (
+    GSM8K_TRAIN,
+    DatasetError,
+    PromptSchedule,
+    arithmetic_examples,
+    gsm8k_gold,
+    load_examples,
+    render_prompt,
+)
 
 
 def test_arithmetic_is_seeded_and_graded():
@@ -46,3 +53,28 @@ def test_render_prompt_uses_chat_template(tiny_model):
     ids = render_prompt(tok, ex, DataConfig(instruction="Answer with a number."))
     text = tok.decode(ids)
     assert ex.question in text and "Answer with a number." in text and text.rstrip().endswith("assistant")
+
+
+@pytest.mark.parametrize("answer", ["null", '""', "true", "[1]", '{"a": 1}'])
+def test_an_answer_that_is_not_text_or_a_number_is_refused(tmp_path, answer):
+    from trainers.data import DatasetError, read_jsonl
+
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": ' + answer + "}\n")
+    with pytest.raises(DatasetError, match=rf"{p}:2: field 'answer' must be a non-empty string or a number"):
+        read_jsonl(p, "question", "answer")
+    p.write_text('{"question": "2+2?", "answer": 4}\n')
+    assert read_jsonl(p, "question", "answer")[0].answer == "4"
+
+
+def test_unreadable_files_and_lines_name_the_file_and_line(tmp_path):
+    from trainers.data import DatasetError, read_jsonl
+
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"question": "1+1?", "answer": "2"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DatasetError, match=rf"{bad}:2: not UTF-8 text \(byte 0xe9 at column 18\)"):
+        read_jsonl(bad, "question", "answer")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DatasetError, match=rf"{deep}:1: (JSON nested too deeply|not valid JSON)"):
+        read_jsonl(deep, "question", "answer")

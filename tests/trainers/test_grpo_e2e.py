@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -224,9 +225,14 @@ def test_nan_steps_are_skipped_then_stop(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("override,exc,match", [
     ("model.path=/no/such/model", "ModelLoadError", "does not exist"),
+    ("model.path=BROKEN", "ModelLoadError", "is not a loadable Hugging Face model dir"),
     ("data.path=/no/such.jsonl", "DatasetError", "does not exist"),
 ])
 def test_missing_inputs(tiny_model_dir, tmp_path, override, exc, match):
+    if "BROKEN" in override:  # a model dir whose config.json is not JSON
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "config.json").write_text("{broken")
+        override = override.replace("BROKEN", str(tmp_path / "broken"))
     extra = [override] + (["data.task=jsonl"] if "data.path" in override else [])
     args = [a for a in _args(tiny_model_dir, tmp_path / "x") if not a.startswith(override.split("=")[0] + "=")]
     cfg = load_config(["recipe=bf16", *args, *extra])
@@ -253,3 +259,61 @@ def test_cli_reports_config_errors(capsys):
 
     assert main(["trainer.max_step=3"]) == 2
     assert "did you mean 'trainer.max_steps'" in capsys.readouterr().err
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tiny_model_dir, tmp_path, _helpers_on_path,
+                                                                     uninterrupted, capsys):
+    """The newest checkpoint is corrupt (a bit flipped in its weights): resume=auto says so, resumes from the
+    one before, and the finished run still logs what an uninterrupted one does."""
+    part = tmp_path / "part"
+    _helpers_on_path.CRASH_AT_STEP = 2
+    from trainers.rewards.registry import RewardError
+
+    with pytest.raises(RewardError):
+        run_local(load_config([*RESUME_COMMON, *_args(tiny_model_dir, part)]))
+    _helpers_on_path.CRASH_AT_STEP = None
+    weights = part / "checkpoints" / "step_000002" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    run_local(load_config([*RESUME_COMMON, *_args(tiny_model_dir, part)]))
+    err = capsys.readouterr().err
+    assert "cannot resume from step_000002" in err and "sha256" in err and "resumed from" in err
+    assert _stable(read_metrics(part)) == uninterrupted
+
+
+def test_a_directory_holding_another_run_is_refused(tiny_model_dir, tmp_path):
+    from trainers.config import ConfigError
+
+    out = tmp_path / "run"
+    common = ["trainer.max_steps=1", "reward.fn=reward_helpers:length_reward", *_args(tiny_model_dir, out)]
+    run_local(load_config(["recipe=bf16", *common]))
+    with pytest.raises(ConfigError, match=r"holds another run: precision.learner='bf16' \(this command: "
+                                          r"'nvfp4_per_token_w1x16_bf16_bwd'\)"):
+        run_local(load_config(["recipe=nvfp4", *common]))
+
+
+def test_one_run_per_directory(tiny_model_dir, tmp_path):
+    from trainers.runlock import RunLock, RunLockedError
+
+    out = tmp_path / "run"
+    with RunLock(out), pytest.raises(RunLockedError, match=rf"another run \(pid {os.getpid()}\) is writing to"):
+        run_local(load_config(["recipe=bf16", "trainer.max_steps=1", *_args(tiny_model_dir, out)]))
+    with RunLock(out):  # released: the next run (or lock) gets it
+        pass
+
+
+def test_unusable_devices_and_output_dirs_are_one_line_errors(tiny_model_dir, tmp_path):
+    from trainers.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.device='banana' is not a device; valid: auto, cpu, cuda"):
+        load_config(["model.device=banana"])
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for out, match in ((a_file, "is a file, not a directory"), (a_file / "sub", "cannot hold a run")):
+        with pytest.raises(ConfigError, match=match):
+            run_local(load_config(["recipe=bf16", "trainer.max_steps=1", *_args(tiny_model_dir, out)]))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="sees no CUDA device"):
+            LocalTrainer(load_config(["recipe=bf16", "model.device=cuda", *_args(tiny_model_dir, tmp_path / "c")]))

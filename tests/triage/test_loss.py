@@ -238,3 +238,13 @@ def test_bench_baseline_matches_verl_vanilla_times_tis():
     ours.backward()
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(lb.grad, lv.grad)
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, -1.0, float("nan")])
+def test_a_mask_that_is_not_zero_or_one_is_refused(value):
+    lp = torch.zeros(1, 4)
+    mask = torch.tensor([[1.0, 0.0, value, 1.0]])
+    with pytest.raises(ValueError, match="mask must hold only 0 and 1"):
+        triage_policy_loss(lp, lp, lp, torch.ones(1), mask)
+    loss, _ = triage_policy_loss(lp, lp, lp, torch.ones(1), torch.tensor([[1, 0, 1, 1]]))  # 0/1 ints are fine
+    assert torch.isfinite(loss)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainers.config import DataConfig
+from trainers.data.jsonl import iter_json_objects
 
 GSM8K_TRAIN = pathlib.Path(__file__).resolve().parent / "gsm8k" / "train.jsonl"
 
@@ -62,32 +63,26 @@ def read_jsonl(path: str | pathlib.Path, prompt_key: str, answer_key: str, *, gs
     if not p.is_file():
         raise DatasetError(f"dataset file {str(p)!r} does not exist (data.path)")
     out: list[Example] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
+    for lineno, row in iter_json_objects(p, DatasetError):
+        where = f"{p}:{lineno}"
+        missing = [k for k in (prompt_key, answer_key) if k not in row]
+        if missing:
+            raise DatasetError(f"{where}: missing field(s) {missing}; the row has {sorted(row)} "
+                               f"(set data.prompt_key / data.answer_key)")
+        q, a = row[prompt_key], row[answer_key]
+        if not isinstance(q, str) or not q.strip():
+            raise DatasetError(f"{where}: field {prompt_key!r} must be a non-empty string")
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)) or not str(a).strip():
+            raise DatasetError(f"{where}: field {answer_key!r} must be a non-empty string or a number, got "
+                               f"{json.dumps(a)[:80]}")
+        if gsm8k:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(row, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in (prompt_key, answer_key) if k not in row]
-            if missing:
-                raise DatasetError(f"{where}: missing field(s) {missing}; the row has {sorted(row)} "
-                                   f"(set data.prompt_key / data.answer_key)")
-            q, a = row[prompt_key], row[answer_key]
-            if not isinstance(q, str) or not q.strip():
-                raise DatasetError(f"{where}: field {prompt_key!r} must be a non-empty string")
-            if gsm8k:
-                try:
-                    a = gsm8k_gold(str(a))
-                except ValueError as e:
-                    raise DatasetError(f"{where}: field {answer_key!r}: {e}") from e
-            out.append(Example(len(out), q, str(a), data_source, {"line": lineno}))
-            if limit is not None and len(out) >= limit:
-                break
+                a = gsm8k_gold(str(a))
+            except ValueError as e:
+                raise DatasetError(f"{where}: field {answer_key!r}: {e}") from e
+        out.append(Example(len(out), q, str(a), data_source, {"line": lineno}))
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise DatasetError(f"dataset file {p} has no rows")
     return out

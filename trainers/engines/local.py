@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    checkpoints_newest_first,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainers.config import Config, ConfigError, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
@@ -31,6 +38,7 @@ from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import load_reward_fn, score_one
 from trainers.rollout import SamplingParams, make_sampler
 from trainers.rollout.decoder import UnsupportedModel
+from trainers.runlock import RunLock
 from trainers.tracking import Tracker
 
 ENV_ECHO_PREFIXES = ("MINITE_", "WANDB_MODE", "WANDB_PROJECT", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
@@ -123,28 +131,49 @@ def _row_step(line: str) -> int:
         return 1 << 62
 
 
-def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
-    """On resume, list keys whose value differs from the interrupted run's (exact resumption needs none)."""
+#: keys that make a run what it is: resuming a directory whose run differs in one of them is refused
+RUN_IDENTITY = ("model.path", "precision.learner", "precision.sampler", "data.task", "algorithm.loss_mode")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _saved_config(path: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
-        return
+        return None
     try:
         from omegaconf import OmegaConf
 
-        old = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:
+        return _flat(OmegaConf.to_container(OmegaConf.load(path)))
+    except Exception:  # noqa: BLE001 - an unreadable config.yaml only costs the comparison
+        return None
+
+
+def check_same_run(path: pathlib.Path, cfg: Config) -> None:
+    """Refuse to resume a directory that holds another run (another model, recipe, task or loss)."""
+    old = _saved_config(path)
+    if old is None:
         return
-    new = to_container(cfg)
+    new = _flat(to_container(cfg))
+    diff = [f"{k}={old.get(k)!r} (this command: {new.get(k)!r})" for k in RUN_IDENTITY if old.get(k) != new.get(k)]
+    if diff:
+        raise ConfigError(f"trainer.output_dir={path.parent} holds another run: {'; '.join(diff)}. Choose another "
+                          "trainer.output_dir, or pass trainer.resume=never to start a new run there")
 
-    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
 
-    a, b = flat(old), flat(new)
+def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
+    """On resume, list keys whose value differs from the interrupted run's (exact resumption needs none)."""
+    a = _saved_config(path)
+    if a is None:
+        return
+    b = _flat(to_container(cfg))
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
                      and not k.startswith(("trainer.max_steps", "trainer.resume", "logger.")))
     if changed:
@@ -180,6 +209,9 @@ class LocalTrainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         dev = cfg.model.device
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"model.device={dev}, but this torch ({torch.__version__}) sees no CUDA device; use "
+                              "model.device=auto or cpu")
         if cfg.precision.alignment == "strict" and self.device.type != "cpu":
             raise ConfigError(f"precision.alignment=strict runs on the CPU; this run would use {self.device} "
                               "(set model.device=cpu, or precision.alignment=default)")
@@ -229,13 +261,9 @@ class LocalTrainer:
         self.diag_cfg = A.triage_config(cfg.algorithm)
         self.state = {"nan_skipped_total": 0, "consecutive_nan": 0, "run_id": None, "cpu_threads": self.cpu_threads}
         self.start_step = 0
-        ckpt = None
-        if cfg.trainer.resume == "auto":
-            ckpt = latest_checkpoint(self.ckpt_root)
-        elif cfg.trainer.resume != "never":
-            ckpt = pathlib.Path(cfg.trainer.resume)
+        ckpt = self._resume()
         if ckpt is not None:
-            st = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            st = self._resumed_state
             self.state.update({k: st[k] for k in self.state if k in st})
             if cfg.trainer.cpu_threads is None and self.state["cpu_threads"] != self.cpu_threads:
                 # float reductions depend on the thread count: keep the interrupted run's, so that the resumed
@@ -263,6 +291,35 @@ class LocalTrainer:
         _write_meta(self.run_dir, meta)
         self.meta = meta
         print(to_yaml(cfg), file=sys.stderr)
+
+    def _resume(self) -> pathlib.Path | None:
+        """Load the checkpoint to resume from, if any, into the model and optimizer; return its path.
+
+        ``trainer.resume=auto`` tries the newest checkpoint first and falls back to the previous one when it is
+        damaged (each failure printed). A directory holding another run is refused before anything loads."""
+        cfg = self.cfg
+        if cfg.trainer.resume == "never":
+            return None
+        explicit = cfg.trainer.resume != "auto"
+        candidates = [pathlib.Path(cfg.trainer.resume)] if explicit else checkpoints_newest_first(self.ckpt_root)
+        if not candidates:
+            return None
+        if not explicit:
+            check_same_run(self.run_dir / "config.yaml", cfg)
+        errors = []
+        for c in candidates:
+            try:
+                self._resumed_state = load_checkpoint(c, model=self.model, optimizer=self.optimizer,
+                                                      scheduler=self.scheduler)
+                return c
+            except CheckpointError as e:
+                if explicit:
+                    raise
+                errors.append(str(e))
+                print(f"[trainers] cannot resume from {c.name}: {e}", file=sys.stderr)
+        raise CheckpointError(f"no checkpoint in {self.ckpt_root} can be resumed ({len(errors)} tried; the newest: "
+                              f"{errors[0]}). Pass trainer.resume=never to start over in this directory, or "
+                              "choose another trainer.output_dir")
 
     # ----------------------------------------------------------------------------------------------- step
     def _prompt_ids(self, ex) -> list[int]:
@@ -478,6 +535,19 @@ class LocalTrainer:
                                keep=self.cfg.trainer.keep_checkpoints)
 
     def train(self) -> dict[str, Any]:
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"trainer.output_dir={self.run_dir} is a file, not a directory")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.run_dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"trainer.output_dir={self.run_dir} cannot hold a run: {e.strerror or e}") from None
+        with RunLock(self.run_dir):
+            return self._train()
+
+    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         self.setup()
         tracker = Tracker(cfg, self.run_dir, start_step=self.start_step, meta=self.meta)

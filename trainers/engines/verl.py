@@ -476,6 +476,13 @@ def run_verl(cfg: Config) -> int:
     """
     if not cfg.verl.dry_run:
         check_available()
+    from trainers.runlock import RunLock
+
+    with RunLock(cfg.output_dir):
+        return _run_verl(cfg)
+
+
+def _run_verl(cfg: Config) -> int:
     overrides, plan = prepare(cfg)
     print("\n".join(overrides))
     for note in plan.notes:
