@@ -7,6 +7,9 @@ import sys
 
 from eval.engines import ENGINES, GenerationParams
 
+PROTOCOLS = ("auto", "report", "quick")
+QUICK_MAX_NEW_TOKENS = 256  # a CPU answers a GSM8K question in about this many tokens, or not at all
+
 
 def _parse_datasets(items: list[str] | None) -> dict[str, str]:
     from eval.task import get_task
@@ -53,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
     r.add_argument("--output-dir", default=None, help="default: outputs/eval/<model>-<time>")
     unstated = "(the report does not state it; library default %(default)s)"
-    r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=unstated)
+    r.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"default: {d.max_new_tokens} with --protocol report (the report does not state it), "
+                        f"{QUICK_MAX_NEW_TOKENS} with quick")
+    r.add_argument("--protocol", default="auto", choices=PROTOCOLS,
+                   help="report: each task's k from report §6.2.2 and 8192 new tokens; quick: k=1 and "
+                        f"{QUICK_MAX_NEW_TOKENS} new tokens, minutes on a CPU; auto (default): report on a GPU, "
+                        "quick on the CPU. --samples and --max-new-tokens override either")
     r.add_argument("--temperature", type=float, default=d.temperature, help=unstated + "; 0 = greedy")
     r.add_argument("--top-p", type=float, default=d.top_p, help=unstated)
     r.add_argument("--top-k", type=int, default=d.top_k)
@@ -95,14 +104,35 @@ def _parse_exclude(spec: str) -> tuple[int | str, ...]:
     return tuple(out)
 
 
+def _device_is_cuda(device: str | None) -> bool:
+    if device is not None:
+        return device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
     from eval.report import pct
     from eval.runner import RunConfig, parse_samples, run_eval
 
+    tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+    protocol = a.protocol
+    if protocol == "auto":
+        protocol = "report" if _device_is_cuda(a.device) else "quick"
+    samples = parse_samples(a.samples)
+    max_new = a.max_new_tokens
+    if protocol == "quick":
+        from eval.task import get_task
+
+        samples = {**{get_task(t).name: 1 for t in tasks}, **samples}
+        max_new = max_new if max_new is not None else QUICK_MAX_NEW_TOKENS
+    elif max_new is None:
+        max_new = GenerationParams().max_new_tokens
     params = GenerationParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                              max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=a.batch_size)
-    cfg = RunConfig(model=a.model, tasks=tuple(t.strip() for t in a.tasks.split(",") if t.strip()),
-                    samples=parse_samples(a.samples), engine=a.engine, precision=a.precision, alignment=a.alignment,
+                              max_new_tokens=max_new, seed=a.seed, batch_size=a.batch_size)
+    cfg = RunConfig(model=a.model, tasks=tasks, protocol=protocol,
+                    samples=samples, engine=a.engine, precision=a.precision, alignment=a.alignment,
                     exclude=_parse_exclude(a.exclude),
                     limit=a.limit,
                     output_dir=a.output_dir, params=params, data_dir=a.data_dir, datasets=_parse_datasets(a.dataset),

@@ -21,6 +21,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,9 @@ class RunConfig:
     engine: str = "local"
     precision: str | None = None
     exclude: tuple[int | str, ...] = ()  # with precision: module patterns and block indices left unquantized
+    # "report": each task's k (report §6.2.2) and the given token budget; "quick": the CPU defaults of
+    # ``eval run`` (k = 1, a short budget), recorded so that a quick number is never mistaken for a report one
+    protocol: str = "report"
     alignment: str = "default"
     limit: int | None = None
     output_dir: str | None = None
@@ -118,10 +122,12 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
         "batch_size": cfg.params.batch_size,
         "sampling_defaults": SAMPLING_DEFAULTS_NOTE,
         "samples": {t.name: {"k": ks[t.name], "default_from": t.samples_source if t.name not in cfg.samples
-                             else "--samples"} for t in tasks},
+                             else ("--samples or --protocol quick" if cfg.protocol == "quick" else "--samples")}
+                    for t in tasks},
         "engine": engine.describe(),
         "precision": cfg.precision or "none",
         "exclude": list(cfg.exclude),
+        "protocol": cfg.protocol,
         "alignment": cfg.alignment,
         "limit": cfg.limit,
         "data": sources,
@@ -144,6 +150,18 @@ def _protocol(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], engine: Eng
     return proto
 
 
+def plan_text(cfg: RunConfig, tasks: list[Task], ks: dict[str, int], examples: dict[str, list]) -> str:
+    """What a run will do, printed before the model loads: prompts x k per task, responses, the token budget."""
+    parts = [f"{t.name} {len(examples[t.name])} x k={ks[t.name]}" for t in tasks]
+    total = sum(len(examples[t.name]) * ks[t.name] for t in tasks)
+    line = (f"[eval] plan: {', '.join(parts)} = {total} responses of up to {cfg.params.max_new_tokens} new tokens "
+            f"(at most {total * cfg.params.max_new_tokens:,} tokens), protocol {cfg.protocol}")
+    if cfg.protocol == "quick":
+        line += ("; quick numbers are not the report's: pass --protocol report for each task's k (§6.2.2) and "
+                 "8192 new tokens")
+    return line
+
+
 def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: bool = True) -> dict:
     """Run the evaluation described by ``cfg``; returns the results dict that is also written to disk."""
     tasks = [get_task(t) for t in cfg.tasks]
@@ -158,6 +176,8 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
         from eval.ifeval_checkers import instruction_registry
 
         instruction_registry()  # fail before generation if the checkers are missing
+    if show_progress:
+        print(plan_text(cfg, tasks, ks, examples), file=sys.stderr, flush=True)
     if engine is None:
         extra = {"alignment": cfg.alignment} if cfg.alignment != "default" else {}
         if cfg.exclude:

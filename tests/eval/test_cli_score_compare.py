@@ -115,3 +115,34 @@ def test_compare_on_a_results_file_missing_keys_is_one_line(tmp_path, capsys):
     rc = main(["compare", str(bad), str(bad)])
     err = capsys.readouterr().err
     assert rc == 2 and "task 'gsm8k' lacks ['mean', 'title']" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, protocol, ks, budget", [
+    (["--device", "cpu"], "quick", {"gsm8k": 1, "ifeval": 1}, 256),
+    (["--device", "cpu", "--protocol", "report"], "report", {}, 8192),
+    (["--device", "cuda"], "report", {}, 8192),
+    (["--device", "cpu", "--samples", "gsm8k=3", "--max-new-tokens", "64"], "quick", {"gsm8k": 3, "ifeval": 1}, 64),
+])
+def test_protocol_sets_k_and_the_token_budget(monkeypatch, capsys, args, protocol, ks, budget):
+    from eval import runner
+
+    seen = {}
+
+    def fake_run(cfg, show_progress=True):
+        seen["cfg"] = cfg
+        return {"tasks": {}, "average": {"mean": 0.0}, "output_dir": "x"}
+
+    monkeypatch.setattr(runner, "run_eval", fake_run)
+    assert main(["run", "some-model", "--tasks", "gsm8k,ifeval", *args]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.protocol, cfg.samples, cfg.params.max_new_tokens) == (protocol, ks, budget)
+
+
+def test_the_plan_names_responses_budget_and_protocol():
+    from eval.engines import GenerationParams
+    from eval.runner import RunConfig, plan_text
+
+    cfg = RunConfig(model="m", tasks=("gsm8k",), protocol="quick", params=GenerationParams(max_new_tokens=256))
+    text = plan_text(cfg, [get_task("gsm8k")], {"gsm8k": 2}, {"gsm8k": [None] * 5})
+    assert "gsm8k 5 x k=2 = 10 responses of up to 256 new tokens (at most 2,560 tokens), protocol quick" in text
+    assert "--protocol report" in text
