@@ -2,7 +2,7 @@
 
 Values the report publishes (§3.1, Appendix B): 64-token gate segments, mean tiers -1.5 / -0.5 with
 weights 0.1 / 0.3 / 1.0, tail threshold -6 with cap k = 2 and attenuation 0.9, 128-token repair
-segments, pseudo-Huber repair. Values it does not publish are chosen in ``design/TRIAGE.md`` and are
+segments, pseudo-Huber repair. Values it does not publish are chosen in ``docs/TRIAGE.md`` and are
 marked "(ours)": repair boundary -0.5, Huber delta 1.0, repair coefficient 0.1. The TIS cap C = 2 and
 the PPO clip ratios follow verl's defaults.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TriageConfig:
-    """Constants of ``design/TRIAGE.md``; ablation switches ``gate``, ``repair``, ``tis``."""
+    """Constants of ``docs/TRIAGE.md``; ablation switches ``gate``, ``repair``, ``tis``."""
 
     # §2 direction gate (report Appendix B)
     gate_segment_len: int = 64

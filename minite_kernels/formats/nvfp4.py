@@ -14,7 +14,7 @@ round-to-nearest, ``fl(c)`` = the fp32 constant::
     q     = e2m1_rne(clamp(x * enc, -6, 6))                    or stochastic rounding (see ``stochastic``)
     x̂     = e2m1(q) * fp32(fp32(float(s_b) * amax) * fl(1/2688))   TE's dequantize kernel order
 
-Storage (the project contract, INTERFACES.md): ``data`` uint8 ``[M, K//2]`` (element 2j in the low nibble),
+Storage (the layout every backend reads and writes): ``data`` uint8 ``[M, K//2]`` (element 2j in the low nibble),
 ``scales`` float8_e4m3fn ``[M, K//16]`` row-major unswizzled (see ``swizzle`` for the GEMM layout), ``amax``
 fp32 ``[1]`` (per_tensor) or ``[M]`` (per_token).
 

@@ -1,4 +1,4 @@
-"""``engine=local``: one process, CPU or one GPU. One GRPO step (design/ARCHITECTURE.md "One GRPO step"):
+"""``engine=local``: one process, CPU or one GPU. One GRPO step (docs/ARCHITECTURE.md "One GRPO step"):
 
 prompts -> sampler (KV-cache decode, precision P) -> tokens + sampler_logp -> rewards -> GRPO advantages ->
 learner recomputes old_logp (one full forward, same P) -> delta = old_logp - sampler_logp -> policy loss
