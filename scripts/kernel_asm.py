@@ -55,7 +55,7 @@ def _ptx_mix(ptx: str) -> dict:
 #: integer arguments the launcher specializes as divisible by 16 at the benchmark shapes
 _DIV16 = ("N", "K")
 #: pair kernel (rows B = BLOCK_B, BLOCK_N, BLOCK_KB, warps, pipeline stages, register double buffer): the
-#: launch defaults (wide weights at 1, 2, 4 rows; long K; q; o at 4 rows), then the pre-ninth-session defaults
+#: launch defaults (wide weights at 1, 2, 4 rows; long K; q; o at 4 rows), then earlier defaults for comparison
 PAIR_CONFIGS = (
     (1, 16, 32, 4, 1, True),
     (2, 16, 32, 4, 1, False),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -63,11 +64,12 @@ def run_interpreted():
 
 @pytest.fixture(scope="session")
 def run_interp_tests(run_interpreted):
-    """``run(path, passed=N)``: run the file's ``interp_`` tests under the interpreter (see
-    :func:`run_interpreted`) and require N passed, none skipped. Skips where that run would add nothing:
-    no Triton, a CUDA machine (the compiled kernels' ``gpu`` tests cover it), or already inside that run."""
+    """``run(path)``: run the file's ``interp_`` tests under the interpreter (see :func:`run_interpreted`) and
+    require every one of them to pass: as many passed as the file has ``interp_`` items, none skipped. Skips
+    where that run would add nothing: no Triton, a CUDA machine (the compiled kernels' ``gpu`` tests cover it),
+    or already inside that run."""
 
-    def run(path: str, passed: int) -> str:
+    def run(path: str) -> str:
         pytest.importorskip("triton", reason="triton is not installed")
         if torch.cuda.is_available():  # pragma: no cover - the gpu-marked tests run the compiled kernels
             pytest.skip("CUDA present: the gpu-marked tests run the compiled kernels")
@@ -75,7 +77,16 @@ def run_interp_tests(run_interpreted):
             pytest.skip("already inside the interpreter run")
         out = run_interpreted(path, "-k", "interp_")
         last = out.splitlines()[-1]
-        assert f"{passed} passed" in last and "skipped" not in last, last
+        m = re.search(r"(\d+) passed", last)
+        assert m and "skipped" not in last, last
+        assert int(m.group(1)) == _interp_items(path), f"{last}: expected every interp_ item of {path} to pass"
         return out
 
     return run
+
+
+def _interp_items(path: str) -> int:
+    """How many ``interp_`` test items ``path`` collects (parametrizations counted), without the interpreter."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", path, "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-k", "interp_"], capture_output=True, text=True, timeout=300)
+    return sum(1 for line in proc.stdout.splitlines() if "::" in line and "interp_" in line)

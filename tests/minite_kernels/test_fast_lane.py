@@ -183,7 +183,7 @@ def test_invalid_lane_mode_names_the_choices(monkeypatch):
 
 # --- Triton's CPU interpreter -----------------------------------------------------------------------------------
 def test_fast_lane_under_interpreter_in_subprocess(run_interp_tests):
-    run_interp_tests(__file__, passed=4)
+    run_interp_tests(__file__)
 
 
 @_interp_only

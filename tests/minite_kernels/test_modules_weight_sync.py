@@ -75,7 +75,7 @@ def _sync_matches_own_requantization(device, backend, cuda_graph):
 
 
 def test_weight_sync_under_interpreter_in_subprocess(run_interp_tests):
-    run_interp_tests(__file__, passed=1)
+    run_interp_tests(__file__)
 
 
 @_interp_only

@@ -192,7 +192,7 @@ def _requantizer_with_optimizer_amax(device, cuda_graph):
 
 
 def test_kernels_under_interpreter_in_subprocess(run_interp_tests):
-    run_interp_tests(__file__, passed=2)
+    run_interp_tests(__file__)
 
 
 @_interp_only

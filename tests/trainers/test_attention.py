@@ -64,7 +64,7 @@ def test_interp_engine_with_triton_attention_matches_the_loop(tiny_model):
 
 
 def test_attention_under_interpreter_in_subprocess(run_interp_tests):
-    run_interp_tests(__file__, passed=2)
+    run_interp_tests(__file__)
 
 
 @pytest.mark.gpu

@@ -31,9 +31,8 @@ def kernel_device_ok(x: torch.Tensor) -> bool:
 PDL_MODES = ("off", "on")
 #: ``pdl_mode()``: ``$MINITE_TRITON_PDL``, ``off`` (default) or ``on``. ``on`` launches the decode path's
 #: kernels with programmatic dependent launch where the GPU has it (sm_90+; not under the interpreter). Off
-#: by default: on the H200 it saved 4 us per Qwen3-4B block at batch 1 while the block's packed weights
-#: fit the L2, and nothing (batch 1) or 2-4 us less than nothing (batches 2-4) once they come from HBM
-#: (benchmarks/RESULTS.md, eighth session)
+#: by default: on the H200 it helps only while a block's packed weights fit the L2, and costs time once they
+#: come from HBM, as they do in a real model (benchmarks/RESULTS.md, issue #6)
 pdl_mode = EnvChoice("MINITE_TRITON_PDL", PDL_MODES, default="off")
 _PDL_CAPABLE: dict[int, bool] = {}
 

@@ -59,8 +59,8 @@ from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_t
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = ("dequant", "exact", "exact_fused")
 DECODE_MODES = ("auto", "off")
-#: the pair kernel beats cuBLAS BF16 up to 4 rows (H200, Qwen3-4B block with its activation quantization,
-#: weights from HBM: 1.75x at batch 1, 1.59x at 2, 1.21x at 4; benchmarks/RESULTS.md, ninth session)
+#: up to this many rows the pair kernel beats cuBLAS BF16 on the H200 (a Qwen3-4B block with its activation
+#: quantization, weights from HBM; the timings are in benchmarks/RESULTS.md, issue #6)
 DECODE_MAX_ROWS = 4
 #: the pair kernel's products are inline NVIDIA PTX (``fma.rn.f16x2``): on a ROCm build of torch the
 #: decode-sized GEMMs stay on the GEMM path

@@ -11,9 +11,8 @@ words of 8 codes.
 Decode: nibble ``i`` of every word becomes an fp16 by bit placement alone -- sign to bit 15, the three
 magnitude bits ``e1 e0 m`` to bits 11..9 -- whose value is exactly ``e2m1 * 2^-14`` (codes with ``e = 0`` land
 on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnitude bits shifted to bits
-13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of the compare/select
-chain of the first version (in git history; 1.2-1.3x slower at batch 1 on the H200 in the same activation
-order); the powers of two go to the epilogue.
+13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of a compare/select
+chain (which is slower on the H200); the powers of two go to the epilogue.
 
 Two kernels share that decode:
 
@@ -26,11 +25,10 @@ Two kernels share that decode:
   are multiples of 2^-16 with ``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below
   ``8 * 36 * 4 = 1152 < 2048`` units, which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The
   two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
-  only the accumulation over blocks rounds (fp32). About 4.2 SASS instructions per weight and row in the K
-  loop at batch 1 (4.5 with the register double buffer), against ~9 for the first formulation
-  (scripts/kernel_asm.py).
+  only the accumulation over blocks rounds (fp32). About 4 SASS instructions per weight and row in the K
+  loop at batch 1, half of ``decode_linear``'s (``scripts/kernel_asm.py`` counts them).
   Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
-- ``decode_linear`` (the first formulation: the benchmark baseline, and the backend's kernel for decode-sized
+- ``decode_linear`` (the plain formulation: the benchmark baseline, and the backend's kernel for decode-sized
   activations quantized without pair words, e.g. with stochastic rounding): FMA path
   (B <= 4), one fp32 product per nibble; tensor-core path (B > 4), ``w16 = plane * (s * 2^7)`` is the
   exact ``q * s_b * 2^-7`` in fp16 and ``qs_x`` is exact in fp16 (<= 5 significant bits, range
@@ -38,13 +36,10 @@ Two kernels share that decode:
 - Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
   to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
-Measured on the H200 (benchmarks/RESULTS.md, ninth session: the Qwen3-4B block as one CUDA graph,
-activation quantization included, weights from HBM): the pair kernel 1.75x cuBLAS BF16 at batch 1, 1.59x
-at batch 2, 1.21x at batch 4, 0.42x at batch 16; its seven kernels alone 2.19x at batch 1. The small and
-long-K projections are latency-bound (a launch needs ~2-3 us before its loads arrive): they take narrow
-tiles and, at one row, a K loop double-buffered in registers (``prefetch``). Per-linear timings that
-repeat one weight keep a packed weight (<= 14 MB) in the 50 MB L2 and flatter the kernel (the seventh
-session's 1.61x).
+The small and long-K projections are latency-bound (a launch needs ~2-3 us before its loads arrive): they
+take narrow tiles and, at one row, a K loop double-buffered in registers (``prefetch``). Per-linear timings
+that repeat one weight keep a packed weight (<= 14 MB) in the 50 MB L2 and flatter the kernel, so the
+benchmarks time whole blocks with weights from HBM (``benchmarks/RESULTS.md``, issue #6).
 
 Programmatic dependent launch (``pdl=True`` / ``MINITE_TRITON_PDL=on``, sm_90+, off by default): the
 pair-word quantizer and the pair kernel let the next launch start at once, and the kernel loads its first
@@ -997,12 +992,11 @@ def decode_linear_pairs(
     bb = block_b or min(4, triton.next_power_of_2(b))
     groups = triton.cdiv(b, bb)
     # defaults from the H200 sweeps on weights streamed from HBM (scripts/bench_decode.py --cold-sweep and
-    # the block chains, benchmarks/RESULTS.md, ninth session): (BLOCK_N, BLOCK_KB, stages, register double
+    # the block chains, benchmarks/RESULTS.md, issue #6): (BLOCK_N, BLOCK_KB, stages, register double
     # buffer). Wide weights (6144+ rows: qkv, gate, gate_up) have programs enough to hide the latency in
     # 16 x 32-block tiles; the rest are latency-bound: 4 x 128 blocks for long K (o, down; 8 x 64 at 3-4
     # rows and K < 8192) and for narrow weights (k/v), 16 x 64 otherwise (q). The double buffer pays at one
-    # activation row only (in the block chain, 86c148f: 57.2 -> 56.4 us at batch 1; 64.8 -> 65.7 at 2,
-    # 83.9 -> 86.9 at 4). Above 4 rows (several row groups) the eighth session's rule stays.
+    # activation row only. Above 4 rows (several row groups) one rule serves every shape.
     if b > 4:
         cfg = (8, 64, 3, False) if n * k < (1 << 24) and n <= 2048 else (16, 32, 1, False)
     elif n >= 6144:

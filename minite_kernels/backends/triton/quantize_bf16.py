@@ -10,8 +10,8 @@ except for the per-token row amax:
 - a per-token row (up to 16384 elements) is held in registers, so it is read once; per-tensor scaling
   takes the global amax from a separate reduction kernel.
 
-How (measured on the H200, ``benchmarks/RESULTS.md``; the first formulation, one uint8 store per word and
-every word reduced twice, reached 34% of copy bandwidth per token and is in git history):
+How (each choice measured on the H200, ``benchmarks/RESULTS.md``; one uint8 store per word and every word
+reduced twice, the plain formulation, reaches about a third of copy bandwidth per token):
 
 - tiles are 3-D, block-major ``[NB, BLOCK_M, 4]`` (so the lanes of a warp run along a row's blocks) and
   loaded twice per block (words 0..3 and 4..7), each a 16-byte vector, so a thread owns whole 16-element
