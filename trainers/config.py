@@ -109,6 +109,8 @@ class AlgorithmConfig:
                            "seq-mean-token-sum-norm"] = "token-mean"
     clip_ratio: float = 0.2
     clip_ratio_low: float = 0.2
+    # 0.28: DAPO's clip-higher, this trainer's default. verl's actor config (and triage.TriageConfig, used on its
+    # own) default to 0.2; the trainer passes its value to whichever loss runs, so the two never mix in a run
     clip_ratio_high: float = 0.28
     clip_ratio_c: float = 3.0
     entropy_coeff: float = 0.0
