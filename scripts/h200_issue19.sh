@@ -7,18 +7,8 @@
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
-out=${OUT:-h200_out}
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 secs=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$secs" "$@" > "$out/$name.log" 2>&1
-    echo "$name rc=$? $((SECONDS - t0))s $(tail -n 1 "$out/$name.log" | cut -c1-300)" >> "$out/summary.txt"
-}
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt" 2>&1
-git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
+source "$(dirname "$0")/device_common.sh"
 case "${1:-}" in
 first)
     step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py tests/trainers/test_attention.py \

@@ -8,20 +8,11 @@
 # only for a type hint; ray (79 MB) is not installed there, so scripts/device_shims provides ray.ObjectRef.
 # Everything comes back through $OUT: summary.txt, the study's table/summary, and study.tgz (no checkpoints).
 set -u
-out=${OUT:-h200_out}
-mkdir -p "$out" /tmp/parts
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
 export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
+source "$(dirname "$0")/device_common.sh"
+mkdir -p /tmp/parts
 study_dir=/tmp/study_arithmetic
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 secs=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$secs" "$@" > "$out/$name.log" 2>&1
-    echo "$name rc=$? $((SECONDS - t0))s $(tail -n 1 "$out/$name.log" | cut -c1-300)" >> "$out/summary.txt"
-}
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt" 2>&1
-git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
 for p in .carry/gguf.*; do [ -f "$p" ] && cp "$p" /tmp/parts/; done
 case "${1:-}" in
 carry1)
