@@ -5,25 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import tempfile
 
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+from minite_kernels.fileio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported for eval
 
 
 def pct(x: float) -> str:

@@ -22,7 +22,6 @@ import os
 import pathlib
 import re
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -32,6 +31,7 @@ from eval.engines.base import Engine, render_prompt
 from eval.metrics import equal_weighted_average, summarize_task
 from eval.report import atomic_write_json, atomic_write_text, run_markdown
 from eval.task import MATH_PROMPT_SUFFIX, Task, get_task
+from minite_kernels.fileio import atomic_path
 from trainers.checkpoint import sha256_file
 
 DEFAULT_TASKS = ("aime24", "aime25", "math500", "gsm8k", "ifeval")  # the report's Table 6-8 task set
@@ -197,11 +197,11 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
 
     total = sum(len(examples[t.name]) * ks[t.name] for t in tasks)
     bar = tqdm(total=total, desc="eval", unit="resp", disable=not show_progress, dynamic_ncols=True)
-    fd, tmp_samples = tempfile.mkstemp(dir=out_dir, prefix=".samples.jsonl.", suffix=".tmp")
     summaries: dict[str, dict] = {}
     gen_tokens, gen_seconds = 0, 0.0
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fsamples:
+        with atomic_path(out_dir / "samples.jsonl") as tmp_samples, \
+                open(tmp_samples, "w", encoding="utf-8") as fsamples:
             for t in tasks:
                 exs, k = examples[t.name], ks[t.name]
                 bar.set_description(f"eval {t.name}")
@@ -224,11 +224,8 @@ def run_eval(cfg: RunConfig, *, engine: Engine | None = None, show_progress: boo
                         fsamples.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 summaries[t.name] = summarize_task(t, runs)
                 bar.set_postfix({t.name: f"{100 * summaries[t.name]['mean']:.1f}%"})
-        os.replace(tmp_samples, out_dir / "samples.jsonl")
     finally:
         bar.close()
-        if os.path.exists(tmp_samples):
-            os.unlink(tmp_samples)
 
     results = {
         "model": cfg.model,

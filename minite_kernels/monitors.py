@@ -37,7 +37,6 @@ import fnmatch
 import math
 import os
 import re
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -111,17 +110,10 @@ def tensor_stats(x: torch.Tensor, nvfp4: Mapping[str, Any] | None = None) -> dic
 
 
 def _save_atomic(obj: Any, path: str) -> None:
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    os.close(fd)
-    try:
+    from minite_kernels.fileio import atomic_path
+
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _looks_like_linear(module: nn.Module) -> bool:

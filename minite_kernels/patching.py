@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minite_kernels.fileio import atomic_write_json
 from minite_kernels.modules.functional import WeightCache
 from minite_kernels.modules.linear import Linear, check_features
 from minite_kernels.modules.moe import GroupedExperts
@@ -139,16 +139,7 @@ def update_run_meta(run_dir: str | os.PathLike, updates: Mapping[str, Any]) -> P
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} exists but is not valid JSON ({e}); refusing to overwrite it") from None
     meta.update(updates)
-    fd, tmp = tempfile.mkstemp(prefix=".run_meta.", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_json(path, meta, sort_keys=True, default=str, ensure_ascii=True)
     return path
 
 

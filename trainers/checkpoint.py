@@ -30,34 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from minite_kernels.fileio import atomic_write_text, current_umask  # noqa: F401 - atomic_write_text re-exported
+
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded safely or as this run's; the message names the file."""
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def rng_state() -> dict[str, Any]:
@@ -101,7 +81,7 @@ def save_checkpoint(ckpt_root: pathlib.Path, step: int, *, model, tokenizer, opt
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True))
         (tmp / MANIFEST).write_text(json.dumps(_manifest(tmp), indent=1, sort_keys=True))
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
-import tempfile
+
+from minite_kernels.fileio import atomic_path
 
 PANELS = [("reward/mean", "reward"), ("actor/entropy", "entropy"), ("mismatch/abs_gap_mean", "mean |gap|"),
           ("mismatch/neg_tail_depth", "negative tail depth  -q0.05(δ)")]
@@ -128,17 +128,9 @@ def _save(plt, fig, out: pathlib.Path, title: str | None) -> pathlib.Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=out.suffix or ".png", dir=out.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=120, format=(out.suffix.lstrip(".") or "png"))
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    plt.close(fig)
+        plt.close(fig)
     return out

@@ -55,9 +55,9 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
+from minite_kernels.fileio import atomic_write_text
 from trainers.config import Config, ConfigError, to_yaml
 
 PATCH_MODULE = "trainers.engines.verl_patch"
@@ -420,16 +420,7 @@ def check_available() -> None:
 
 
 def _atomic_write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text, mode=mode)
 
 
 def command(overrides: list[str]) -> list[str]:

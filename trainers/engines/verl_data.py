@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from minite_kernels.fileio import atomic_path
 from trainers.config import DataConfig
 from trainers.data import Example, load_examples
 
@@ -57,17 +57,8 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> pa
 
     if not rows:
         raise ValueError(f"no rows to write to {path}")
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, mode=0o644) as tmp:
+        pq.write_table(pa.Table.from_pylist(list(rows)), str(tmp))
     return path
 
 
