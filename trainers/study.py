@@ -35,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -227,6 +228,16 @@ def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say
     (a ``time.monotonic()`` value) running jobs are terminated and pending ones skipped: status None."""
     env = _child_env(parallel)
     pending, running, status = list(jobs), {}, {}
+    try:
+        return _schedule(pending, running, status, parallel, env, say, stop_at)
+    finally:  # interrupted (Ctrl-C, a kill of the study): no run keeps going unwatched, holding its directory
+        for proc, _ in running.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+
+
+def _schedule(pending, running, status, parallel, env, say, stop_at):
     while pending or running:
         if stop_at is not None and time.monotonic() >= stop_at:
             for name, (proc, _) in running.items():
@@ -488,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 2
+    # a SIGTERM (timeout, a scheduler) unwinds like Ctrl-C, so the runs this study started are stopped with it
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     summary = run_study(cfg, say=lambda m: print(f"[study] {m}", flush=True), train_seconds=train_seconds)
     print(table(summary))
     print(json.dumps({"summary": str(cfg.root / "summary.json"), "failed": summary["failed"],
