@@ -119,3 +119,15 @@ def test_integer_answers_property(n, delta):
     assert score_math(f"The answer is \\boxed{{{n}}}.", gold) == 1.0
     assert score_math(f"The answer is \\boxed{{{n + delta}}}.", gold) == 0.0
     assert score_gsm8k(f"#### {n:,}", str(n)) == 1.0
+
+
+def test_a_huge_response_is_scored_on_its_end_and_logs_little(caplog):
+    import logging
+
+    from trainers.rewards.math import score_math
+
+    huge = "x = y + z, " * 500_000 + r"so the answer is \boxed{x^2 + 1}"  # ~5.5 MB; a symbolic answer, so
+    with caplog.at_level(logging.DEBUG):                                   # math-verify (not the number path) runs
+        assert score_math(huge, "x^2+1") == 1.0
+        assert score_math(huge, "x^2+2") == 0.0
+    assert sum(len(r.getMessage()) for r in caplog.records) < 100_000

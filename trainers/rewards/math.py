@@ -163,6 +163,11 @@ def _parse_gold(gold_latex: str, timeout: int | None) -> tuple:
     return tuple(parse(gold_latex, parsing_timeout=timeout))
 
 
+#: math-verify sees at most the last this-many characters of a response: the final answer is at its end, and
+#: math-verify's time and its log lines grow with the text (a 50 MB response printed 50 MB of warnings)
+MAX_VERIFY_CHARS = 8192
+
+
 def _verify(text: str, gold: str, timeout: int | None) -> float:
     """math-verify check (runs in whatever thread calls it; timeouts must be None off the main thread)."""
     try:
@@ -288,6 +293,7 @@ def score_math(response: str, gold: object, *, timeout: float | None = 5) -> flo
     decided = _numeric_decision(extract_boxed(text), gold)
     if decided is not None:
         return decided
+    text = text[-MAX_VERIFY_CHARS:]
     if timeout is None:
         return _verify(text, str(gold), None)
     seconds = max(1, math.ceil(timeout))
