@@ -52,6 +52,7 @@ class TrainingDiverged(RuntimeError):
 #: GraphSampler.stats counters logged per step as ``rollout/<name>`` (what changed during that step's rollout)
 SAMPLER_COUNTS = ("captures", "refills", "eager_steps", "compactions")
 
+
 def env_snapshot() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_ECHO_PREFIXES)}
 
