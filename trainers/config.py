@@ -618,6 +618,18 @@ def load_config(args: list[str] | tuple[str, ...] = ()) -> Config:
     return validate(build(Config, tree))
 
 
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1, "c": {}}}`` -> ``{"a.b": 1, "a.c": {}}``: dotted keys, as overrides write them (an empty
+    mapping stays a value)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def to_container(cfg: Config) -> dict:
     def conv(obj: Any) -> Any:
         if dataclasses.is_dataclass(obj):

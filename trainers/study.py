@@ -90,15 +90,6 @@ class StudyConfig:
         return self.root / arm / f"seed{seed}"
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfig:
     """Read the study YAML, apply ``key=value`` overrides (OmegaConf dotlist), validate everything up front."""
     from omegaconf import OmegaConf
@@ -124,7 +115,7 @@ def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfi
 
 
 def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
-    from trainers.config import list_recipes
+    from trainers.config import flatten, list_recipes
 
     recipes = list_recipes()
     arms = tree["arms"]
@@ -142,7 +133,7 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
     parallel = tree.get("parallel", 1)
     if not isinstance(parallel, int) or parallel < 1:
         raise StudyError(f"{p}: parallel must be an integer >= 1, got {parallel!r}")
-    train = _flatten(tree.get("train") or {})
+    train = flatten(tree.get("train") or {})
     reserved = sorted(k for k in train if k in ("recipe", "trainer.seed", "trainer.output_dir"))
     if reserved:
         raise StudyError(f"{p}: train.{reserved[0]} is set by the study for each run (arms, seeds, output_dir)")

@@ -29,7 +29,15 @@ import torch
 
 from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.gate import GateResult, compute_gate
-from triage.inputs import as_advantages, as_mask, check_logprob, finite_valid
+from triage.inputs import (
+    MASK_VIOLATIONS,
+    as_advantages,
+    as_mask,
+    check_logprob,
+    finite_valid,
+    mask_violations,
+    raise_on_mask_violations,
+)
 from triage.quantile import masked_quantile
 from triage.segments import segment_sum
 from triage.tis import SAFETY_BOUND, tis_weights
@@ -152,6 +160,7 @@ def mismatch_metrics(
     """§6 diagnostics that depend on the gap alone (all keys of :data:`MISMATCH_KEYS` plus
     ``triage/nonfinite_tokens``); ``triage/repair_*`` come from :func:`triage.repair_loss`."""
     check_logprob("delta", delta, "delta", delta)
+    violations = mask_violations(mask)
     valid0 = as_mask(mask, "delta", delta)
     adv = as_advantages(advantages, "delta", delta)
     with torch.no_grad():
@@ -161,4 +170,6 @@ def mismatch_metrics(
         w = tis_weights(d, config.tis_cap) if config.tis else torch.ones_like(d)
         m = metric_tensors(d, a, valid, compute_gate(d, a, valid, config), w, config)
         m["triage/nonfinite_tokens"] = nonfinite.float()
-    return to_floats(m)
+        if violations is not None:
+            m[MASK_VIOLATIONS] = violations
+    return raise_on_mask_violations(to_floats(m))

@@ -32,7 +32,7 @@ import torch
 from triage.config import TriageConfig
 from triage.diagnostics import named_diagnostics
 from triage.gate import segment_weights
-from triage.inputs import as_advantages, as_mask, check_logprob
+from triage.inputs import MASK_VIOLATIONS, as_advantages, as_mask, check_logprob, mask_violations
 from triage.quantile import avoid_host_sync, masked_quantile
 from triage.repair import pseudo_huber
 from triage.segments import segment_count, segment_sum, segment_where
@@ -93,12 +93,16 @@ def fused_terms(
         check_logprob("sampler_logp", sampler_logp, "logp", logp)
     else:
         check_logprob("gap", gap, "logp", logp)
+    violations = mask_violations(mask)
     mask = as_mask(mask, "logp", logp)
     adv_in = as_advantages(advantages, "logp", logp)
     with torch.no_grad():
         lp, old = logp.detach().float(), old_logp.detach().float()
         src = old - sampler_logp.detach().float() if sampler_logp is not None else gap.detach().float()
-        return _fused(lp, old, src, adv_in, mask, cfg)
+        f = _fused(lp, old, src, adv_in, mask, cfg)
+    if violations is not None:  # checked at the caller's single read-back (raise_on_mask_violations)
+        f.metrics[MASK_VIOLATIONS] = violations
+    return f
 
 
 def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:

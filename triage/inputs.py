@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from triage.quantile import avoid_host_sync
+
 
 def check_logprob(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor):
@@ -46,11 +48,32 @@ def as_mask(mask: torch.Tensor, ref_name: str, ref: torch.Tensor) -> torch.Tenso
     if mask.is_complex():
         raise TypeError(f"mask must be bool or 0/1 numbers, got dtype {mask.dtype}")
     valid = mask != 0
-    bad = valid & (mask != 1)  # 0.5, 2, -1 and NaN are not "in" or "out"; one host read for the check
-    if bool(bad.any()):
-        raise ValueError(f"mask must hold only 0 and 1 (or be bool); it holds {mask[bad].flatten()[0].item()!r} "
-                         f"at {int(bad.sum())} position(s)")
+    if not avoid_host_sync(mask.device):  # CPU: a read-back is free, so check now and name the value
+        bad = valid & (mask != 1)  # 0.5, 2, -1 and NaN are not "in" or "out"
+        if bool(bad.any()):
+            raise ValueError(f"mask must hold only 0 and 1 (or be bool); it holds {mask[bad].flatten()[0].item()!r} "
+                             f"at {int(bad.sum())} position(s)")
     return valid
+
+
+#: metric key under which a GPU pass carries its count of mask values other than 0 and 1 to the single read-back
+MASK_VIOLATIONS = "_mask_violations"
+
+
+def mask_violations(mask: torch.Tensor) -> torch.Tensor | None:
+    """On a GPU, the number of mask values other than 0 and 1 as a 0-d tensor (no host read); None where
+    :func:`as_mask` already checked (bool masks, the CPU). :func:`raise_on_mask_violations` reads it back."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype == torch.bool or not avoid_host_sync(mask.device):
+        return None
+    return ((mask != 0) & (mask != 1)).sum()
+
+
+def raise_on_mask_violations(floats: dict[str, float]) -> dict[str, float]:
+    """Remove the :data:`MASK_VIOLATIONS` count from read-back metrics; raise if it is not zero."""
+    bad = floats.pop(MASK_VIOLATIONS, 0.0)
+    if bad:
+        raise ValueError(f"mask must hold only 0 and 1 (or be bool); {int(bad)} position(s) hold other values")
+    return floats
 
 
 def as_advantages(advantages: torch.Tensor, ref_name: str, ref: torch.Tensor) -> torch.Tensor:

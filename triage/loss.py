@@ -31,6 +31,7 @@ import torch
 from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.diagnostics import to_floats
 from triage.fused import AttachGrad, fused_terms
+from triage.inputs import raise_on_mask_violations
 
 
 def triage_policy_loss(
@@ -71,4 +72,4 @@ def triage_policy_loss(
             metrics["triage/repair_loss"] = pg * 0.0
             metrics["triage/repair_active_segment_frac"] = pg * 0.0
     loss = AttachGrad.apply(logp, total, grad)
-    return loss, to_floats(metrics)
+    return loss, raise_on_mask_violations(to_floats(metrics))

@@ -80,6 +80,7 @@ from verl.workers.config import PolicyLossConfig
 from triage.config import TriageConfig
 from triage.diagnostics import to_floats
 from triage.fused import AttachGrad, fused_terms
+from triage.inputs import raise_on_mask_violations
 from triage.tis import SAFETY_BOUND
 
 LOSS_NAME = "triage"
@@ -248,7 +249,7 @@ def compute_policy_loss_triage(
             metrics["triage/repair_loss"] = cfg.repair_coef * f.phi_sum / nseg
             metrics["triage/repair_active_segment_frac"] = f.num_active / nseg
         loss = loss + AttachGrad.apply(log_prob, f.phi_sum * scale, rep_grad)
-    return loss, to_floats(metrics)
+    return loss, raise_on_mask_violations(to_floats(metrics))
 
 
 def verl_overrides(

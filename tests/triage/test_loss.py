@@ -248,3 +248,20 @@ def test_a_mask_that_is_not_zero_or_one_is_refused(value):
         triage_policy_loss(lp, lp, lp, torch.ones(1), mask)
     loss, _ = triage_policy_loss(lp, lp, lp, torch.ones(1), torch.tensor([[1, 0, 1, 1]]))  # 0/1 ints are fine
     assert torch.isfinite(loss)
+
+
+def test_on_a_gpu_the_mask_check_waits_for_the_single_read_back(monkeypatch):
+    """Where TRIAGE avoids mid-pass host reads (every device but the CPU), a bad mask is counted on the device
+    and reported at the loss's one read-back; simulated here by telling the input checks to avoid syncs."""
+    import triage.inputs as inputs
+    from triage import mismatch_metrics
+
+    monkeypatch.setattr(inputs, "avoid_host_sync", lambda device: True)
+    lp = torch.zeros(1, 4)
+    bad = torch.tensor([[1.0, 0.5, 2.0, 1.0]])
+    with pytest.raises(ValueError, match=r"mask must hold only 0 and 1 \(or be bool\); 2 position\(s\)"):
+        triage_policy_loss(lp, lp, lp, torch.ones(1), bad)
+    with pytest.raises(ValueError, match="2 position"):
+        mismatch_metrics(lp, torch.ones(1), bad)
+    _, metrics = triage_policy_loss(lp, lp, lp, torch.ones(1), torch.tensor([[1.0, 0.0, 1.0, 1.0]]))
+    assert inputs.MASK_VIOLATIONS not in metrics

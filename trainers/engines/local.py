@@ -29,7 +29,7 @@ from trainers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainers.config import Config, ConfigError, to_container, to_yaml
+from trainers.config import Config, ConfigError, flatten, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
 from trainers.learner.batch import RolloutBatch, collate
@@ -136,23 +136,13 @@ def _row_step(line: str) -> int:
 RUN_IDENTITY = ("model.path", "precision.learner", "precision.sampler", "data.task", "algorithm.loss_mode")
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _saved_config(path: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
         from omegaconf import OmegaConf
 
-        return _flat(OmegaConf.to_container(OmegaConf.load(path)))
+        return flatten(OmegaConf.to_container(OmegaConf.load(path)))
     except Exception:  # noqa: BLE001 - an unreadable config.yaml only costs the comparison
         return None
 
@@ -162,7 +152,7 @@ def check_same_run(path: pathlib.Path, cfg: Config) -> None:
     old = _saved_config(path)
     if old is None:
         return
-    new = _flat(to_container(cfg))
+    new = flatten(to_container(cfg))
     diff = [f"{k}={old.get(k)!r} (this command: {new.get(k)!r})" for k in RUN_IDENTITY if old.get(k) != new.get(k)]
     if diff:
         raise ConfigError(f"trainer.output_dir={path.parent} holds another run: {'; '.join(diff)}. Choose another "
@@ -174,7 +164,7 @@ def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
     a = _saved_config(path)
     if a is None:
         return
-    b = _flat(to_container(cfg))
+    b = flatten(to_container(cfg))
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
                      and not k.startswith(("trainer.max_steps", "trainer.resume", "logger.")))
     if changed:
