@@ -419,10 +419,6 @@ def check_available() -> None:
         )
 
 
-def _atomic_write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
-    atomic_write_text(path, text, mode=mode)
-
-
 def command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
@@ -436,14 +432,14 @@ def prepare(cfg: Config) -> tuple[list[str], SamplerPlan]:
     dd = data_dir(cfg)
     write_verl_data(cfg.data, dd)
     if plan.mode == "nvfp4_w4a16":
-        _atomic_write(
+        atomic_write_text(
             dd / QUANT_CONFIG_FILE, json.dumps(quantization_config(_ignore_patterns(cfg)), indent=2) + "\n"
         )
     out = cfg.output_dir
-    _atomic_write(out / "config.yaml", to_yaml(cfg))
-    _atomic_write(out / OVERRIDES_FILE, "\n".join(overrides) + "\n")
-    _atomic_write(out / COMMAND_FILE, "#!/bin/sh\n" + shlex.join(command(overrides)) + "\n", mode=0o755)
-    _atomic_write(
+    atomic_write_text(out / "config.yaml", to_yaml(cfg))
+    atomic_write_text(out / OVERRIDES_FILE, "\n".join(overrides) + "\n")
+    atomic_write_text(out / COMMAND_FILE, "#!/bin/sh\n" + shlex.join(command(overrides)) + "\n", mode=0o755)
+    atomic_write_text(
         out / "verl_sampler_plan.json",
         json.dumps(
             {
