@@ -41,6 +41,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from profile_table import profiled  # noqa: E402
 
 VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
@@ -90,27 +93,8 @@ def weight_bytes(model, report=None) -> float:
 
 
 def _profile(dev, fn, out_dir: pathlib.Path, tag: str) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        wall = time.perf_counter() - t0
-    rows = []
-    for e in prof.key_averages():
-        dt = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if dt and e.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append({"kernel": e.key[:120], "calls": e.count, "gpu_ms": dt / 1e3})
-    rows.sort(key=lambda r: -r["gpu_ms"])
-    busy = sum(r["gpu_ms"] for r in rows) / 1e3
-    summary = {"wall_s": wall, "gpu_kernel_s": busy, "gpu_busy_frac": busy / wall if wall else None,
-               "kernels": rows[:40]}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"profile_{tag}.json").write_text(json.dumps(summary, indent=1))
-    return {k: v for k, v in summary.items() if k != "kernels"} | {"top": rows[:8]}
+    _, summary = profiled(dev, fn, out_dir, tag)
+    return {k: v for k, v in summary.items() if k != "kernels"} | {"top": summary["kernels"][:8]}
 
 
 def main(argv: list[str] | None = None) -> int:

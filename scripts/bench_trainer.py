@@ -18,7 +18,10 @@ both recipes generate the same number of tokens. One warm-up step, then ``--reps
 reported. Each phase is timed with device synchronisation around it (phases last seconds).
 
 Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step, tokens/s and
-the sampler-vs-learner mean |gap|, plus ``ratio`` = bf16 seconds / NVFP4 seconds (> 1: NVFP4 faster).
+the sampler-vs-learner mean |gap|, plus ``ratio[recipe]`` = the first recipe's seconds / that recipe's seconds
+(> 1: that recipe is faster than the first, by default bf16). ``--profile DIR`` adds one more step with every phase
+under torch.profiler (``scripts/profile_table.py``): GPU time per kernel and the GPU-busy fraction of each
+phase, so a ratio can be traced to the kernels (or the host time) behind it.
 """
 from __future__ import annotations
 
@@ -32,11 +35,22 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from profile_table import profiled  # noqa: E402
 
 
-def _timed(store: dict, key: str, device, fn):
+def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
+    """Run ``fn`` and store its wall seconds under ``key``; with ``profile = (dir, tag)`` under the profiler,
+    its summary under ``store["profile"][key]`` (a profiled step is not a timed one: the profiler costs time)."""
     import torch
 
+    if profile is not None:
+        out, summary = profiled(device, fn, profile[0], f"{profile[1]}_{key.removesuffix('_s')}")
+        store[key] = summary["wall_s"]
+        store.setdefault("profile", {})[key] = {k: v for k, v in summary.items() if k != "kernels"} | {
+            "top": summary["kernels"][:12]}
+        return out
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -48,7 +62,7 @@ def _timed(store: dict, key: str, device, fn):
 
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
-             weight_sync=None) -> dict:
+             weight_sync=None, profile: tuple | None = None) -> dict:
     import torch
 
     from trainers.learner.batch import collate
@@ -57,7 +71,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     dev = next(model.parameters()).device
     t: dict = {}
     model.eval()
-    comps = _timed(t, "rollout_s", dev, lambda: sampler.generate(prompts, params))
+    comps = _timed(t, "rollout_s", dev, lambda: sampler.generate(prompts, params), profile)
     b = collate(comps, sampler.pad_id, dev)
     B, R = b.response_mask.shape
     g = torch.Generator().manual_seed(seed)
@@ -74,7 +88,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
                 old[s:s + micro, :lp.shape[1]] = lp
         return old
 
-    old = _timed(t, "logprob_s", dev, recompute)
+    old = _timed(t, "logprob_s", dev, recompute, profile)
 
     def update():
         model.train()
@@ -93,7 +107,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         opt.zero_grad(set_to_none=True)
         model.eval()
 
-    _timed(t, "update_s", dev, update)
+    _timed(t, "update_s", dev, update, profile)
 
     def sync():
         if patched:  # quantized weight caches are keyed on the parameter version: the next forward re-quantizes
@@ -102,7 +116,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
             with torch.no_grad():
                 model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
 
-    _timed(t, "sync_s", dev, sync)
+    _timed(t, "sync_s", dev, sync, profile)
     t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))
     t["response_tokens"] = float(ntok)
     t["abs_gap_mean"] = float(((old - b.sampler_logp).abs() * b.response_mask).sum() / ntok)
@@ -112,7 +126,8 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--recipes", default="bf16,nvfp4_per_token_bf16_bwd")
+    ap.add_argument("--recipes", default="bf16,nvfp4_per_token_bf16_bwd",
+                    help="comma-separated; the first is the baseline of the ratios")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -123,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (CPU smoke test)")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     ap.add_argument("--sampler", default="auto", choices=("auto", "graph", "loop"))
+    ap.add_argument("--profile", default=None,
+                    help="directory: after the timed steps, one more step with each phase under the profiler "
+                         "(kernel tables in DIR/profile_<recipe>_<phase>.json, summaries in the JSON line)")
     a = ap.parse_args(argv)
 
     import torch
@@ -168,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             if step > 0:
                 rows.append(m)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        if a.profile:
+            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=a.reps + 1)
+            med["profile"] = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
+                                      patched=precision["patched"], seed=a.reps + 1, weight_sync=weight_sync,
+                                      profile=(a.profile, recipe))["profile"]
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
         med["precision"] = precision
@@ -182,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "torch": torch.__version__, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if len(names) == 2:
-        b, q = results[names[0]], results[names[1]]
-        out["ratio"] = {p: b[p] / q[p] if q[p] > 0 else None for p in ("step_s", "rollout_s", "logprob_s", "update_s")}
-        out["ratio_definition"] = f"{names[0]} seconds / {names[1]} seconds (> 1: {names[1]} faster)"
+    if len(names) >= 2:
+        b = results[names[0]]
+        out["ratio"] = {n: {p: b[p] / results[n][p] if results[n][p] > 0 else None
+                            for p in ("step_s", "rollout_s", "logprob_s", "update_s")} for n in names[1:]}
+        out["ratio_definition"] = f"{names[0]} seconds / the recipe's seconds (> 1: the recipe is faster)"
     print(json.dumps(out))
     return 0
 

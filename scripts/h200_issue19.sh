@@ -4,6 +4,8 @@
 #   bash scripts/h200_issue19.sh final    # engine GPU tests, rollout bench (all variants), whole step
 #   bash scripts/h200_issue19.sh step     # whole GRPO step bf16 vs NVFP4 with the engine, then the GPU suite
 #   bash scripts/h200_issue19.sh rollout  # rollout bench only, with kernel profiles
+#   bash scripts/h200_issue19.sh profile  # the whole step per phase under the profiler (bf16 and both NVFP4
+#                                         # weight layouts), then the rollout bench with kernel tables
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
 # exit status and last line, so a step that runs out of time still leaves the others' results.
 set -u
@@ -28,12 +30,18 @@ step)
     step trainer 330 python3 scripts/bench_trainer.py --reps 2
     step gpu_suite 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
     ;;
+profile)
+    step trainer 300 python3 scripts/bench_trainer.py --reps 2 --profile "$out/prof_step" \
+        --recipes bf16,nvfp4_per_token_bf16_bwd,nvfp4_per_token_w1x16_bf16_bwd
+    step rollout 200 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,hf_static_nvfp4 \
+        --profile "$out/prof_rollout"
+    ;;
 rollout)
     step rollout 560 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,eager_bf16,eager_nvfp4 \
         --profile "$out/prof"
     ;;
 *)
-    echo "usage: $0 first|step|rollout" >&2
+    echo "usage: $0 first|final|step|rollout|profile" >&2
     exit 2
     ;;
 esac

@@ -9,16 +9,24 @@ import sys
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_trainer.py"
 
 
-def test_bench_trainer_cpu_smoke(capsys, monkeypatch):
+def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
     spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
     spec.loader.exec_module(mod)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
-                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4"])
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4",
+                   "--profile", str(tmp_path)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out["results"]) == {"bf16", "nvfp4_per_token_bf16_bwd"}
     assert out["results"]["nvfp4_per_token_bf16_bwd"]["precision"]["patched"] is True
     assert out["results"]["bf16"]["response_tokens"] == 2 * 2 * 4  # EOS ignored: every sequence is full length
-    assert out["ratio"]["step_s"] > 0
+    assert out["ratio"]["nvfp4_per_token_bf16_bwd"]["step_s"] > 0
+    # the profiled step: one kernel table per recipe and phase, each naming where its time went
+    for recipe in ("bf16", "nvfp4_per_token_bf16_bwd"):
+        prof = out["results"][recipe]["profile"]
+        assert set(prof) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
+        assert prof["update_s"]["top"] and prof["update_s"]["busy_s"] > 0
+        table = json.loads((tmp_path / f"profile_{recipe}_update.json").read_text())
+        assert any("mm" in k["kernel"] for k in table["kernels"])  # the backward's matmuls are on the table
