@@ -62,10 +62,10 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
 
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
-             weight_sync=None, profile: tuple | None = None) -> dict:
+             weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0) -> dict:
     import torch
 
-    from trainers.learner.batch import collate
+    from trainers.learner.batch import collate, micro_batches
     from trainers.learner.logprobs import response_logprobs
 
     dev = next(model.parameters()).device
@@ -77,15 +77,16 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     g = torch.Generator().manual_seed(seed)
     adv = (torch.randint(0, 2, (B, 1), generator=g).float() * 2 - 1).to(dev)
     ntok = b.response_mask.sum()
+    chunks = micro_batches(b, torch.arange(B, device=dev), micro, micro_tokens)
 
     def recompute():
         old = torch.zeros(B, R, device=dev)
         with torch.no_grad():
-            for s in range(0, B, micro):
-                sub = b.select(torch.arange(s, min(s + micro, B), device=dev))
+            for rows in chunks:
+                sub = b.select(rows)
                 lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
                                           prompt_len=sub.prompt_len, with_entropy=False)
-                old[s:s + micro, :lp.shape[1]] = lp
+                old[rows, :lp.shape[1]] = lp
         return old
 
     old = _timed(t, "logprob_s", dev, recompute, profile)
@@ -93,8 +94,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     def update():
         model.train()
         opt.zero_grad(set_to_none=True)
-        for s in range(0, B, micro):
-            rows = torch.arange(s, min(s + micro, B), device=dev)
+        for rows in chunks:
             sub = b.select(rows)
             r = sub.response_mask.shape[1]
             lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--micro-batch-tokens", type=int, default=0,
+                    help="token budget per micro-batch as the trainer's algorithm.micro_batch_tokens (0: rows only)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
@@ -178,19 +180,15 @@ def main(argv: list[str] | None = None) -> int:
             from minite_kernels.modules.weight_sync import ModelWeightSync
 
             weight_sync = ModelWeightSync(model)
-        rows = []
-        for step in range(a.reps + 1):
-            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
-            m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
-                         patched=precision["patched"], seed=step, weight_sync=weight_sync)
-            if step > 0:
-                rows.append(m)
+        def step_(step: int, profile=None) -> dict:
+            return one_step(model, tok, sampler, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=step),
+                            opt, micro=a.micro_batch, micro_tokens=a.micro_batch_tokens,
+                            patched=precision["patched"], seed=step, weight_sync=weight_sync, profile=profile)
+
+        rows = [step_(step) for step in range(a.reps + 1)][1:]  # step 0 is the warm-up
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         if a.profile:
-            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=a.reps + 1)
-            med["profile"] = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
-                                      patched=precision["patched"], seed=a.reps + 1, weight_sync=weight_sync,
-                                      profile=(a.profile, recipe))["profile"]
+            med["profile"] = step_(a.reps + 1, (a.profile, recipe))["profile"]
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
         med["precision"] = precision
@@ -203,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
-           "micro_batch": a.micro_batch, "torch": torch.__version__, "results": results,
+           "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if len(names) >= 2:
         b = results[names[0]]

@@ -117,6 +117,10 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per PPO epoch
     micro_batch_size: int = 8  # sequences per forward/backward
+    # > 0: micro-batches also by a token budget, rows x padded length <= micro_batch_tokens (at least one row;
+    # verl's use_dynamic_bsz / ppo_max_token_len_per_gpu). On a GPU, small micro-batches leave the learner
+    # host-bound: a budget of ~16k tokens with a large micro_batch_size runs few, full forwards
+    micro_batch_tokens: int = 0
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     triage: dict = field(default_factory=dict)  # triage.TriageConfig fields (loss_mode=triage)
 
@@ -349,7 +353,8 @@ def _check_values(obj: Any, prefix: str) -> None:
             raise ConfigError(f"{prefix}top_k={obj.top_k} must be -1 (off) or >= 1")
     elif isinstance(obj, AlgorithmConfig):
         _positive(obj, prefix, "ppo_epochs", "mini_batches", "micro_batch_size", "clip_ratio_c")
-        _positive(obj, prefix, "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", allow_zero=True)
+        _positive(obj, prefix, "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff",
+                  "micro_batch_tokens", allow_zero=True)
         if obj.clip_ratio_c <= 1:
             raise ConfigError(f"{prefix}clip_ratio_c={obj.clip_ratio_c} must be > 1 (dual-clip bound)")
     elif isinstance(obj, OptimConfig):

@@ -6,7 +6,7 @@ import torch
 
 from trainers.config import AlgorithmConfig, RolloutCorrectionConfig
 from trainers.learner import actor as A
-from trainers.learner.batch import collate
+from trainers.learner.batch import collate, micro_batches
 from trainers.learner.logprobs import response_logprobs
 from trainers.rollout.local import LocalSampler, SamplingParams
 
@@ -70,6 +70,12 @@ def test_micro_batching_is_invariant(tiny_model, loss_mode, agg):
 
     whole = grad([torch.arange(4)])
     split = grad([torch.tensor([0, 1]), torch.tensor([2, 3])])
+    # uneven micro-batches from a token budget, in a permuted order, as the local engine forms them
+    order = torch.tensor([2, 0, 3, 1])
+    budget = micro_batches(b, order, 4, max_tokens=b.select(order[:3]).input_ids.numel())
+    uneven = grad(budget)
     model.zero_grad(set_to_none=True)
     assert whole.abs().sum() > 0
+    assert len(budget) >= 2 and {len(c) for c in budget} != {2}
     torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(uneven, whole, atol=1e-6, rtol=1e-4)

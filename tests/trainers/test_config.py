@@ -55,6 +55,7 @@ def test_overrides_grammar():
     (["model.dtype=float64"], r"model.dtype='float64' is not valid"),
     (["rollout.n=two"], r"rollout.n='two' must be an integer"),
     (["rollout.n=0"], r"rollout.n=0 must be > 0"),
+    (["algorithm.micro_batch_tokens=-8"], r"algorithm.micro_batch_tokens=-8 must be >= 0"),
     (["rollout.top_p=0.9"], r"truncated sampling is refused"),
     (["precision.learner=nvfp4_per_token"], r"engine=local shares one model object"),
     (["precision=nvfp4_per_tokn"], r"did you mean 'nvfp4_per_token'\?"),

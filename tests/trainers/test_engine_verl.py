@@ -118,6 +118,16 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
 
 
+def test_micro_batch_tokens_maps_to_verls_dynamic_batch_size(tmp_path):
+    c = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16", "algorithm.micro_batch_tokens=12288")))
+    a = c.actor_rollout_ref
+    assert a.actor.use_dynamic_bsz is True and a.actor.ppo_max_token_len_per_gpu == 12288
+    # verl's log-prob passes follow the actor's setting through its own interpolation
+    assert a.rollout.log_prob_use_dynamic_bsz is True and a.rollout.log_prob_max_token_len_per_gpu == 12288
+    plain = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16")))
+    assert plain.actor_rollout_ref.actor.use_dynamic_bsz is False
+
+
 def test_tis_and_bf16_recipes_map_to_verls_own_tis_and_plain_vllm(tmp_path):
     tis = _compose(engine.build_verl_overrides(_cfg(tmp_path, "tis_nvfp4")))
     assert tis.algorithm.rollout_correction.rollout_is == "token"

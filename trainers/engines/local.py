@@ -32,7 +32,7 @@ from trainers.checkpoint import (
 from trainers.config import Config, ConfigError, flatten, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
-from trainers.learner.batch import RolloutBatch, collate
+from trainers.learner.batch import RolloutBatch, collate, micro_batches
 from trainers.learner.logprobs import response_logprobs
 from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import load_reward_fn, score_one
@@ -349,10 +349,10 @@ class LocalTrainer:
         B, R = batch.response_mask.shape
         old = torch.zeros((B, R), device=self.device)
         ent = torch.zeros((B, R), device=self.device)
-        mb = self.cfg.algorithm.micro_batch_size
+        alg = self.cfg.algorithm
         self.model.eval()
-        for s in range(0, B, mb):
-            rows = torch.arange(s, min(s + mb, B), device=self.device)
+        for rows in micro_batches(batch, torch.arange(B, device=self.device), alg.micro_batch_size,
+                                  alg.micro_batch_tokens):
             lp, en, r = self._logprobs(batch, rows, grad=False, with_entropy=True)
             old[rows, :r] = lp
             ent[rows, :r] = en
@@ -375,7 +375,7 @@ class LocalTrainer:
                                         num_seqs=int(mini.numel()))
                 self.optimizer.zero_grad(set_to_none=True)
                 pg_loss_sum = 0.0
-                for micro in mini.split(alg.micro_batch_size):
+                for micro in micro_batches(batch, mini, alg.micro_batch_size, alg.micro_batch_tokens):
                     logp, ent, r = self._logprobs(batch, micro, grad=True, with_entropy=alg.entropy_coeff > 0)
                     loss, m = A.micro_batch_loss(
                         self.actor_cfg, self.loss_fn, logp=logp, entropy=ent if alg.entropy_coeff > 0 else None,

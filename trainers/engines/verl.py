@@ -307,6 +307,9 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
     put("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
     put("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
+    if a.micro_batch_tokens:
+        put("actor_rollout_ref.actor.use_dynamic_bsz", True)
+        put("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.micro_batch_tokens)
     put("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs)
     put("actor_rollout_ref.actor.clip_ratio", a.clip_ratio)
     put("actor_rollout_ref.actor.clip_ratio_low", a.clip_ratio_low)

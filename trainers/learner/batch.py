@@ -31,6 +31,31 @@ class RolloutBatch:
                             P - prompt_pad)
 
 
+def micro_batches(batch: RolloutBatch, rows: torch.Tensor, max_rows: int, max_tokens: int = 0) -> list[torch.Tensor]:
+    """Split ``rows`` (in their order) into consecutive micro-batches of at most ``max_rows`` rows and, when
+    ``max_tokens > 0``, at most ``max_tokens`` padded tokens: rows x (longest prompt + longest response among
+    them), the shape :meth:`RolloutBatch.select` gives the forward. A row longer than the budget goes alone.
+
+    Example: prompt lengths 2, 2, 2 and response lengths 4, 1, 6 with ``max_rows=8, max_tokens=14``: rows 0+1
+    cost 2 x (2 + 4) = 12; adding row 2 would cost 3 x (2 + 6) = 24, so the split is [0, 1], [2].
+    """
+    if max_tokens <= 0:
+        return list(rows.split(max_rows))
+    am = batch.attention_mask[:, :batch.prompt_len].sum(1).tolist()
+    rl = batch.response_mask.sum(1).tolist()
+    out, cur, p_max, r_max = [], [], 0, 0
+    for i in rows.tolist():
+        p, r = max(p_max, int(am[i])), max(r_max, int(rl[i]), 1)
+        if cur and (len(cur) >= max_rows or (len(cur) + 1) * (p + r) > max_tokens):
+            out.append(cur)
+            cur, p, r = [], int(am[i]), max(int(rl[i]), 1)
+        cur.append(i)
+        p_max, r_max = p, r
+    if cur:
+        out.append(cur)
+    return [torch.tensor(c, dtype=rows.dtype, device=rows.device) for c in out]
+
+
 def collate(completions: list[Completion], pad_id: int, device: torch.device | str = "cpu") -> RolloutBatch:
     if not completions:
         raise ValueError("no completions to collate")
