@@ -8,7 +8,7 @@ Variants (``--variants``, comma-separated):
 - ``graph_bf16`` / ``graph_nvfp4``: the CUDA-graph engine (``trainers.rollout.graph_sampler``), the model in
   bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
-  Triton decode-attention kernel; ``graph-nopack_bf16``: without packed q/k/v and gate/up GEMMs;
+  Triton decode-attention kernel; ``graph-nopack_*``: without packed q/k/v and gate/up GEMMs;
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``trainers.rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -43,9 +43,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from profile_table import profiled  # noqa: E402
+from profile_table import profiled
 
-VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16",
+            "graph-nopack_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 

@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from profile_table import profiled  # noqa: E402
+from profile_table import profiled
 
 
 def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
@@ -180,15 +180,21 @@ def main(argv: list[str] | None = None) -> int:
             from minite_kernels.modules.weight_sync import ModelWeightSync
 
             weight_sync = ModelWeightSync(model)
-        def step_(step: int, profile=None) -> dict:
-            return one_step(model, tok, sampler, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=step),
-                            opt, micro=a.micro_batch, micro_tokens=a.micro_batch_tokens,
-                            patched=precision["patched"], seed=step, weight_sync=weight_sync, profile=profile)
-
-        rows = [step_(step) for step in range(a.reps + 1)][1:]  # step 0 is the warm-up
+        # steps 1..reps are timed (0 is the warm-up); with --profile, step reps + 1 runs under the profiler
+        rows, profile = [], None
+        for step in range(a.reps + 2 if a.profile else a.reps + 1):
+            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
+            prof = (a.profile, recipe) if step == a.reps + 1 else None
+            m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
+                         micro_tokens=a.micro_batch_tokens, patched=precision["patched"], seed=step,
+                         weight_sync=weight_sync, profile=prof)
+            if prof is not None:
+                profile = m["profile"]
+            elif step > 0:
+                rows.append(m)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        if a.profile:
-            med["profile"] = step_(a.reps + 1, (a.profile, recipe))["profile"]
+        if profile is not None:
+            med["profile"] = profile
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
         med["precision"] = precision

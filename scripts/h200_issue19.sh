@@ -4,6 +4,8 @@
 #   bash scripts/h200_issue19.sh final    # engine GPU tests, rollout bench (all variants), whole step
 #   bash scripts/h200_issue19.sh step     # whole GRPO step bf16 vs NVFP4 with the engine, then the GPU suite
 #   bash scripts/h200_issue19.sh rollout  # rollout bench only, with kernel profiles
+#   bash scripts/h200_issue19.sh packed   # GPU tests of the packed NVFP4 groups, whole step with token-budget
+#                                         # micro-batches, rollout with and without packing
 #   bash scripts/h200_issue19.sh profile  # the whole step per phase under the profiler (bf16 and both NVFP4
 #                                         # weight layouts), then the rollout bench with kernel tables
 # Everything goes to $OUT (the device tool's output folder) or ./h200_out; summary.txt lists each step's
@@ -30,6 +32,12 @@ step)
     step trainer 330 python3 scripts/bench_trainer.py --reps 2
     step gpu_suite 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
     ;;
+packed)
+    step gpu_tests 110 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu -q -p no:cacheprovider -rfE \
+        -k "nvfp4 or weight_update or every_bucket"
+    step trainer 150 python3 scripts/bench_trainer.py --reps 2 --micro-batch 64 --micro-batch-tokens 32768
+    step rollout 100 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,graph-nopack_nvfp4
+    ;;
 profile)
     step trainer 300 python3 scripts/bench_trainer.py --reps 2 --profile "$out/prof_step" \
         --recipes bf16,nvfp4_per_token_bf16_bwd,nvfp4_per_token_w1x16_bf16_bwd
@@ -41,7 +49,7 @@ rollout)
         --profile "$out/prof"
     ;;
 *)
-    echo "usage: $0 first|final|step|rollout|profile" >&2
+    echo "usage: $0 first|final|step|rollout|profile|packed" >&2
     exit 2
     ;;
 esac

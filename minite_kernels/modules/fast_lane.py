@@ -110,18 +110,32 @@ def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
-    """(Y, X̂, Ŵ): the forward's BF16 operands, which the backward reuses. With the Triton backend's cached
-    weight, Ŵ is the very tensor the generic backward's ``dequantize_operand`` returns; a weight quantized
-    elsewhere (``set_quantized_weight``) is dequantized once and memoized on its cached object, to the same
-    values (the Triton dequantizer is bit-equal to the reference), so no per-step copy is held."""
-    recipe, backend, quantizer = lane
+def lane_weight(lane: tuple, cache: WeightCache, weight: torch.Tensor) -> torch.Tensor:
+    """Ŵ = deq(Q(W)) in BF16 for the current weight. With the Triton backend's cached weight, Ŵ is the very
+    tensor the generic backward's ``dequantize_operand`` returns; a weight quantized elsewhere
+    (``set_quantized_weight``) is dequantized once and memoized on its cached object, to the same values (the
+    Triton dequantizer is bit-equal to the reference), so no per-step copy is held."""
+    recipe, backend, _ = lane
+    return _BOUND["dequant_operand"](fprop_weight(recipe, backend, cache, weight, weight, 0))
+
+
+def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias) -> tuple:
+    """(Y, X̂): ``Y = deq(Q_token(X)) Ŵᵀ (+ b)`` given Ŵ. ``w_hat`` may stack several layers' Ŵ along N (one
+    GEMM for q/k/v of one input, as the sampler's packed projections): X̂ is per token, so each layer's
+    columns of Y are that layer's output."""
+    recipe, _, quantizer = lane
     qx = quantizer.quantize_token_deq(x2d, recipe.fprop.a)
-    w_hat = _BOUND["dequant_operand"](fprop_weight(recipe, backend, cache, weight, weight, 0))
     y = torch.mm(qx.deq, w_hat.t())
     if bias is not None:
         y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
-    return y, qx.deq, w_hat
+    return y, qx.deq
+
+
+def _forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
+    """(Y, X̂, Ŵ): the forward's BF16 operands, which the backward reuses."""
+    w_hat = lane_weight(lane, cache, weight)
+    y, x_hat = dequantized_linear(lane, x2d, w_hat, bias)
+    return y, x_hat, w_hat
 
 
 class _LaneFunction(torch.autograd.Function):

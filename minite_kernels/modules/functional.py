@@ -111,6 +111,15 @@ def _plan_for(recipe: PrecisionRecipe, backend: Backend, cache: WeightCache) -> 
     return plan
 
 
+def module_lane(module, device: torch.device) -> tuple | None:
+    """The fast-lane plan ``(recipe, backend, activation quantizer)`` of a quantized dense module on
+    ``device`` (``fast_lane.lane_ok``), or None when its calls take the generic path."""
+    recipe, quantized, _, _, backend = module._dispatch(device)
+    if not quantized:
+        return None
+    return _plan_for(recipe, backend, module._weight_cache).lane
+
+
 def _mm_nt(a: torch.Tensor, bt: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``torch.matmul(a, b.to(a.dtype).t()).to(out_dtype)`` (the base backend's BF16 GEMM) given
     ``bt = b.t()``: the same operand layouts, hence the same result, without the no-op casts and views."""

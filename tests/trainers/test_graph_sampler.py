@@ -147,6 +147,20 @@ def test_packed_projections_follow_in_place_weight_updates(kind, tied):
     _compare(LocalSampler(model, tok).generate(prompts, p), eng.generate(prompts, p), atol=1e-5)
 
 
+def test_quantized_projections_are_packed_only_on_the_fast_lane():
+    """On the CPU (emulated backend: no fast lane) NVFP4 projections stay module calls, and the engine still
+    equals the reference loop; plain projections beside them are packed as usual."""
+    from minite_kernels import quantize_model
+
+    model, tok = _tiny("qwen3")
+    quantize_model(model, "nvfp4_per_token_bf16_bwd", exclude=["*mlp*"])
+    eng = GraphSampler(model, tok, fused=True, pack=True)
+    assert eng.describe()["packed_quantized_groups"] == 0
+    assert [q is None and g is not None for q, g in eng._packed.layers] == [True, True]
+    p = SamplingParams(max_new_tokens=8, seed=2)
+    _compare(LocalSampler(model, tok).generate(_prompts(512), p), eng.generate(_prompts(512), p), atol=1e-5)
+
+
 def test_fused_refuses_models_it_does_not_cover():
     model, tok = _tiny("qwen3")
     model.model.layers[0].mlp.act_fn = torch.nn.GELU()
@@ -370,3 +384,50 @@ def test_gpu_fp32_nvfp4_weight_updates_refill_instead_of_recapture():
     assert eng.stats["captures"] == captures, eng.describe()
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
     _compare(GraphSampler(model, tok, graphs=False).generate(prompts, p), after, atol=0.0)
+
+
+@gpu
+def test_gpu_nvfp4_packed_groups_are_the_modules_forward():
+    """A packed NVFP4 q/k/v (gate/up) group computes the modules' lane forward in one GEMM: the same X̂ and Ŵ
+    values, so each column block equals its module's output up to the GEMM's reduction order; at <= 4 rows
+    it defers to the modules (their packed-FP4 decode kernel)."""
+    from minite_kernels.backends.triton.backend import DECODE_MAX_ROWS
+    from trainers.rollout.packed import PackedLinears
+
+    model, tok, _ = _nvfp4_model()
+    packed = PackedLinears(decoder_view(model))
+    assert packed.quantized_groups == 2 * model.config.num_hidden_layers
+    packed.refresh()
+    layer = model.model.layers[1]
+    qkv, gu = packed.layers[1]
+    x = torch.randn(16, 1, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for group, mods in ((qkv, [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                            (gu, [layer.mlp.gate_proj, layer.mlp.up_proj])):
+            want = torch.cat([m(x) for m in mods], dim=-1)
+            got = group(x)
+            assert got.shape == want.shape
+            torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+            assert (got == want).float().mean() > 0.95  # the same operands: nearly every output bit-equal
+            assert group(x[:DECODE_MAX_ROWS]) is None
+
+
+@gpu
+def test_gpu_nvfp4_engine_with_and_without_packing():
+    """The engine with packed NVFP4 groups draws what it draws with the modules, up to bf16 reduction-order
+    near-ties (same measured tolerance as the bf16 engine against the loop); and graph replay equals eager."""
+    model, tok, _ = _nvfp4_model()
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=24, seed=3)
+    eng = GraphSampler(model, tok, graphs=True, pack=True)
+    got = eng.generate(prompts, p)
+    assert eng.describe()["packed_quantized_groups"] == 4 and eng.describe()["decode"] == "cuda_graph"
+    _compare(GraphSampler(model, tok, graphs=False, pack=True).generate(prompts, p), got, atol=0.0)
+    ref = GraphSampler(model, tok, graphs=True, pack=False).generate(prompts, p)
+    worst, same = 0.0, 0
+    for r, g in zip(ref, got):
+        n = next((i for i, (a, b) in enumerate(zip(r.token_ids, g.token_ids)) if a != b), len(r.token_ids))
+        same += n
+        if n:
+            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs[:n], g.logprobs[:n])))
+    assert worst < 0.05 and same >= 0.5 * sum(len(r.token_ids) for r in ref)

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 #: ``config.model_type`` values whose decoder layers this forward reproduces
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -136,7 +135,8 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     ``slot``: int64 [1]; ``attend(q, K, V, scale)``: attention of q [B, Hkv, rep, D] over the slots each row
     attends to (``attention.py``: its valid slots, this step's included).
     ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``;
-    ``packed``: with them, ``PackedLinears.layers`` (one GEMM for q/k/v and one for gate/up where packed).
+    ``packed``: with them, ``PackedLinears.layers`` (one GEMM for q/k/v and one for gate/up where packed;
+    a group that returns None for this input runs as the model's modules).
     """
     if fns is not None:
         return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed)
@@ -173,8 +173,9 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
     for i, layer in enumerate(layers):
         a, mlp = layer.self_attn, layer.mlp
         qkv, gu = packed[i] if packed is not None else (None, None)
-        if qkv is not None:
-            q, k, v = F.linear(x, qkv[0], qkv[1]).split(qkv[2], dim=-1)
+        y = qkv(x) if qkv is not None else None  # None: this group runs as its modules here
+        if y is not None:
+            q, k, v = y.split(qkv.splits, dim=-1)
         else:
             q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
         q, k, v = q.view(b, 1, -1, d), k.view(b, 1, -1, d), v.view(b, 1, -1, d)
@@ -184,8 +185,9 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
         values[i].index_copy_(2, slot, v.transpose(1, 2))
         o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)
         h, x = fns["add_rms_norm"](h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, eps)
-        if gu is not None:
-            g, u = F.linear(x, gu[0], gu[1]).split(gu[2], dim=-1)
+        y = gu(x) if gu is not None else None
+        if y is not None:
+            g, u = y.split(gu.splits, dim=-1)
         else:
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
         y = mlp.down_proj(fns["silu_mul"](g, u))

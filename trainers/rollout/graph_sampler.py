@@ -90,8 +90,9 @@ class GraphSampler(Sampler):
     cover), True (fused: compiled on CUDA, eager elsewhere) or False (the model's modules op by op).
     ``attention``: "auto" (the Triton decode-attention kernel on CUDA when Triton imports, else SDPA),
     "triton" or "sdpa" (``attention.py``).
-    ``pack``: with the fused functions, run each layer's plain (unquantized) q/k/v and gate/up projections as
-    one GEMM each over packed weight copies (``packed.py``; extra memory, ``describe()["packed_bytes"]``).
+    ``pack``: with the fused functions, run each layer's q/k/v and gate/up projections as one GEMM each over
+    packed weight copies (``packed.py``: plain linears, and NVFP4 linears on minite's fast lane, whose packed
+    copy is the dequantized weight; extra memory, ``describe()["packed_bytes"]``).
     ``check_every``: tokens between two host reads of the live-row mask.
     """
 
@@ -149,7 +150,8 @@ class GraphSampler(Sampler):
             why = self.eager_reason
         return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
                 "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
-                "packed_bytes": self._packed.nbytes if self._packed else 0, **self.stats}
+                "packed_bytes": self._packed.nbytes if self._packed else 0,
+                "packed_quantized_groups": self._packed.quantized_groups if self._packed else 0, **self.stats}
 
     # ------------------------------------------------------------------------------------------ state
     def _ensure_state(self, rows: int, seq: int, steps: int, nstops: int) -> _State:
