@@ -7,7 +7,8 @@ A study is training recipes (arms) x seeds on one task. Each cell is an ordinary
 after N seconds (the runs resume from their last checkpoint next time) and evaluates what was reached. At the end the study writes
 
     summary.json   {"runs": [{recipe, seed, steps, final_reward, eval_accuracy, abs_gap_mean, ...}], "arms": {...}}
-    table.md       per arm, mean +- sample std over seeds: reward at equal steps, held-out accuracy, mean |delta|,
+    table.md       per arm, mean +- sample std over seeds: reward at equal steps, held-out accuracy (of the last
+                   checkpoints, and by checkpoint step), mean |delta|,
                    q05(delta), gated-token fraction, the gate's gradient shift, repair loss, step time
     reward.png     reward per arm: the seed mean of each run's moving mean, with a min-max band over seeds
     panels.png     the report's Figure-2 panels (reward, entropy, mean |gap|, negative tail) the same way
@@ -359,14 +360,29 @@ def results_dir(run: pathlib.Path) -> pathlib.Path | None:
     return done[-1] if done else None
 
 
+def _accuracy(path: pathlib.Path) -> float | None:
+    """Mean over tasks of an ``eval run`` results.json (None if it has no task means)."""
+    res = json.loads(path.read_text())
+    means = [t["mean"] for t in res.get("tasks", {}).values() if "mean" in t]
+    return sum(means) / len(means) if means else None
+
+
 def eval_accuracy(run: pathlib.Path) -> float | None:
     where = results_dir(run)
     path = None if where is None else where / "results.json"
     if path is None or not path.is_file():
         return None
-    res = json.loads(path.read_text())
-    means = [t["mean"] for t in res.get("tasks", {}).values() if "mean" in t]
-    return sum(means) / len(means) if means else None
+    return _accuracy(path)
+
+
+def eval_accuracies(run: pathlib.Path) -> dict[int, float]:
+    """Held-out accuracy of every evaluated checkpoint of ``run``: {step: accuracy}."""
+    out = {}
+    for d in sorted((run / "eval").glob("step_*")):
+        acc = _accuracy(d / "results.json") if (d / "results.json").is_file() else None
+        if acc is not None and d.name[5:].isdigit():
+            out[int(d.name[5:])] = acc
+    return out
 
 
 def run_record(cfg: StudyConfig, arm: str, seed: int, steps: int) -> dict:
@@ -381,6 +397,7 @@ def run_record(cfg: StudyConfig, arm: str, seed: int, steps: int) -> dict:
     rec["eval_accuracy"] = eval_accuracy(run)
     where = results_dir(run)
     rec["eval_checkpoint"] = where.name if where is not None and rec["eval_accuracy"] is not None else None
+    rec["eval_by_step"] = eval_accuracies(run)
     for key, name in STEP_MEANS.items():
         vals = _finite(_num(r.get(key)) for r in rows if key in r)
         rec[name] = sum(vals) / len(vals) if vals else None
@@ -412,6 +429,8 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
         keys = ["steps"] + [f"reward@{k}" for k in steps_at(cfg, steps[arm])] + cols
         arms[arm] = {k: _agg([r.get(k) for r in mine]) for k in keys}
         arms[arm]["seeds"] = len(mine)
+        by_step = sorted({k for r in mine for k in r["eval_by_step"]})
+        arms[arm]["eval_by_step"] = {k: _agg([r["eval_by_step"].get(k) for r in mine]) for k in by_step}
     return {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
             "date": time.strftime("%Y-%m-%d")}
 
@@ -442,9 +461,18 @@ def table(summary: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     w = summary["config"]["window"]
     lines.append(f"\nMean ± sample std over seeds; steps: the steps the runs reached. Reward: mean of `reward/mean` over the {w} steps ending at the "
-                 "step. Held-out accuracy: `eval run` of each run's last checkpoint under its own sampler precision. "
+                 "step. Held-out accuracy: `eval run` of each run's last checkpoint under its own sampler precision "
+                 "(the checkpoints can differ between runs: the table below compares them at equal steps). "
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
+    steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})
+    if steps:
+        lines += ["", "Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds):", "",
+                  "| arm | " + " | ".join(f"step {k}" for k in steps) + " |", "|" + "---|" * (len(steps) + 1)]
+        for arm, a in arms.items():
+            got = {int(k): v for k, v in a.get("eval_by_step", {}).items()}
+            cells = [f"{_cell(got[k], '.3f')} (n={got[k]['n']})" if got.get(k) else "-" for k in steps]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

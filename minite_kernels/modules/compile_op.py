@@ -43,9 +43,11 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                            "eagerly (e.g. a deep copy) before compiling it")
     with torch.no_grad():
         y = module._apply_linear(x, weight, bias)
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        # a CUDA graph being recorded (torch.compile's "reduce-overhead", transformers' static-cache generate)
-        # must own every tensor still alive in its pool: drop the backend's remembered last input/quantization
+    if x.is_cuda:
+        # Under CUDA graphs (torch.compile's "reduce-overhead", transformers' static-cache generate) every tensor
+        # still alive in the graph's memory pool must be an output. cudagraph trees also run warm-up calls in
+        # that pool without capturing, so the backend's remembered last input and its quantization (kept to
+        # share one quantization between q/k/v) are dropped after every compiled call, not only while capturing.
         clear = getattr(module.backend_for(x.device), "clear_cache", None)
         if clear is not None:
             clear()

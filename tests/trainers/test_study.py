@@ -73,6 +73,34 @@ def test_summary_and_table_over_seeds(tmp_path):
     assert s["arms"]["bf16"]["gate_grad_shift"] is None  # the vanilla loss logs no gate
     md = table(s)
     assert "| triage_bf16 | 2 |" in md and "0.550 ± 0.071" in md
+    assert "by checkpoint step" not in md  # no eval yet
+
+
+def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path):
+    """Runs stopped at different checkpoints: the last-checkpoint column mixes steps, the by-step table does not."""
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16, triage_bf16]\n"
+                                      "seeds: [0, 1]\ntrain: {trainer.max_steps: 20}\n"))
+    evals = {("bf16", 0): {10: 0.2, 20: 0.4}, ("bf16", 1): {10: 0.3}, ("triage_bf16", 0): {10: 0.5},
+             ("triage_bf16", 1): {}}
+    for (arm, seed), accs in evals.items():
+        run = cfg.run_dir(arm, seed)
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.0}) + "\n")
+        for step, acc in accs.items():
+            d = run / "eval" / f"step_{step:06d}"
+            d.mkdir(parents=True)
+            (d / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc}, "b": {"mean": acc}}}))
+    s = summarize(cfg, {"bf16": 20, "triage_bf16": 20})
+    bf = s["arms"]["bf16"]
+    assert bf["eval_accuracy"]["mean"] == pytest.approx(0.35)  # last checkpoints: step 20 (0.4) and 10 (0.3)
+    assert bf["eval_by_step"][10]["mean"] == pytest.approx(0.25) and bf["eval_by_step"][10]["n"] == 2
+    assert bf["eval_by_step"][20]["n"] == 1
+    assert s["arms"]["triage_bf16"]["eval_by_step"] == {10: {"mean": 0.5, "std": 0.0, "n": 1, "min": 0.5,
+                                                             "max": 0.5}}
+    md = table(s)
+    assert "| arm | step 10 | step 20 |" in md
+    assert "| bf16 | 0.250 ± 0.071 (n=2) | 0.400 (n=1) |" in md
+    assert "| triage_bf16 | 0.500 (n=1) | - |" in md
 
 
 def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
