@@ -1,6 +1,8 @@
 # The two commands of README's quick start. Both set up .venv first (idempotent: a second run only checks a
-# stamp), then run the embedded GRPO job (`make train`) or the test suite (`make test`).
-#   make train ARGS="recipe=triage_nvfp4 trainer.max_steps=4"     # ARGS go to python -m trainers.grpo
+# stamp), then run the main job (`make train`: the embedded default trained as BF16 and as TRIAGE + NVFP4, side by
+# side, recipes/studies/default.yaml) or the test suite (`make test`).
+#   make train ARGS="train.trainer.max_steps=4"                     # ARGS go to python -m trainers.study
+#   make run ARGS="recipe=triage_nvfp4 trainer.max_steps=4"         # one run: ARGS go to python -m trainers.grpo
 #   make test ARGS="tests/trainers -x"                              # ARGS go to pytest
 #   make setup PY=python3.11 VENV=.venv-ci                          # another interpreter / venv folder
 #   TORCH_INDEX=https://download.pytorch.org/whl/cpu make setup     # a CPU-only torch from PyTorch's index
@@ -16,7 +18,7 @@ FOUND_PY := $(shell for p in python3.12 python3.11 python3.10 python3; do \
 	&& echo $$p && break; done)
 PY ?= $(FOUND_PY)
 
-.PHONY: setup train test
+.PHONY: setup train run test
 
 setup: $(STAMP)
 
@@ -36,6 +38,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 train: setup
+	$(BIN)/python -m trainers.study recipes/studies/default.yaml $(ARGS)
+
+run: setup
 	$(BIN)/python -m trainers.grpo $(ARGS)
 
 test: setup

@@ -488,6 +488,30 @@ def write_outputs(cfg: StudyConfig, summary: dict) -> None:
         plot_groups(groups, cfg.root / "panels.png", cfg.window, title=cfg.name)
 
 
+def where(cfg: StudyConfig) -> str:
+    """Each run's closing summary (``trainers.summary``: reward first to last, the gap, TRIAGE's gate, where its
+    files are, the eval to run next), then where the study's own table and figures are."""
+    from trainers.checkpoint import latest_checkpoint
+    from trainers.config import load_config
+    from trainers.summary import run_summary
+
+    out = []
+    for arm in cfg.arms:
+        for seed in cfg.seeds:
+            run = cfg.run_dir(arm, seed)
+            rows = read_metrics(run)
+            if not rows:
+                continue
+            ckpt = latest_checkpoint(run / "checkpoints")
+            curves = run / "curves.png"
+            loss = load_config(train_args(cfg, arm, seed)).algorithm.loss_mode
+            out.append(f"[{arm}/seed{seed}] " + run_summary(
+                run, rows, str(ckpt) if ckpt else "", curves if curves.is_file() else None, triage=loss == "triage"))
+    out.append(f"[study] table: {cfg.root / 'table.md'}   figures: {cfg.root / 'reward.png'}, "
+               f"{cfg.root / 'panels.png'}   summary: {cfg.root / 'summary.json'}")
+    return "\n".join(out)
+
+
 def _clean(o: Any) -> Any:
     """NaN and inf become null, so that summary.json is strict JSON."""
     if isinstance(o, float) and not math.isfinite(o):
@@ -522,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     summary = run_study(cfg, say=lambda m: print(f"[study] {m}", flush=True), train_seconds=train_seconds)
     print(table(summary))
+    print(where(cfg))
     print(json.dumps({"summary": str(cfg.root / "summary.json"), "failed": summary["failed"],
                       "stopped": summary["stopped"]}))
     return 1 if summary["failed"] else 0

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from trainers.study import StudyError, load_study, reward_at, run_study, summarize, table
+from trainers.study import StudyError, load_study, reward_at, run_study, summarize, table, where
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ def _write(tmp_path, text: str) -> pathlib.Path:
 
 
 def test_bundled_studies_validate():
-    for name in ("arithmetic", "smoke"):
+    for name in ("arithmetic", "smoke", "default"):
         cfg = load_study(REPO / "recipes" / "studies" / f"{name}.yaml")
         assert cfg.arms and cfg.seeds
 
@@ -123,6 +123,13 @@ def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
     for png in ("reward.png", "panels.png"):
         assert (out / png).stat().st_size > 1000
     assert "| bf16 | 1 |" in (out / "table.md").read_text()
+    # what the command prints at the end: every run's own summary (TRIAGE's gate line only for the TRIAGE
+    # arm), the eval to run next on its last checkpoint, and where the study's table and figures are
+    text = where(cfg)
+    assert "[bf16/seed0] [trainers] 2 steps" in text and "[triage_bf16/seed0] [trainers] 2 steps" in text
+    assert text.count("TRIAGE: gated token fraction") == 1
+    assert f"next: python -m eval run {out / 'triage_bf16' / 'seed0' / 'checkpoints' / 'step_000002'}" in text
+    assert f"[study] table: {out / 'table.md'}" in text
     # the same command again: every run and eval is found complete, nothing is started
     said.clear()
     again = run_study(cfg, say=said.append)
