@@ -466,7 +466,7 @@ def table(summary: dict) -> str:
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
     steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})
-    if steps:
+    if len(steps) > 1:  # with one checkpoint step the held-out column above already compares at equal steps
         lines += ["", "Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds):", "",
                   "| arm | " + " | ".join(f"step {k}" for k in steps) + " |", "|" + "---|" * (len(steps) + 1)]
         for arm, a in arms.items():
