@@ -45,6 +45,18 @@ def _compare(ref, got, atol: float) -> None:
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), atol=atol, rtol=0)
 
 
+def _agree_up_to_first_difference(ref, got, atol: float = 0.05) -> None:
+    """bf16 paths that reduce in other orders may part after a near-tie: up to each row's first differing token
+    the log-probs agree within ``atol``, and at least half of all tokens come before such a parting."""
+    worst, same = 0.0, 0
+    for r, g in zip(ref, got):
+        n = next((i for i, (x, y) in enumerate(zip(r.token_ids, g.token_ids)) if x != y), len(r.token_ids))
+        same += n
+        if n:
+            worst = max(worst, max(abs(x - y) for x, y in zip(r.logprobs[:n], g.logprobs[:n])))
+    assert worst < atol and same >= 0.5 * sum(len(r.token_ids) for r in ref), (worst, same)
+
+
 PARAMS = [
     SamplingParams(max_new_tokens=12, temperature=0.0),
     SamplingParams(max_new_tokens=12, seed=3),
@@ -247,13 +259,7 @@ def test_gpu_bf16_against_reference_loop_measured_tolerance():
     p = SamplingParams(max_new_tokens=32, temperature=0.0)
     ref = LocalSampler(model, tok).generate(prompts, p)
     got = GraphSampler(model, tok, graphs=True).generate(prompts, p)
-    worst, same = 0.0, 0
-    for r, g in zip(ref, got):
-        n = next((i for i, (x, y) in enumerate(zip(r.token_ids, g.token_ids)) if x != y), len(r.token_ids))
-        same += n
-        if n:
-            worst = max(worst, max(abs(x - y) for x, y in zip(r.logprobs[:n], g.logprobs[:n])))
-    assert worst < 0.05 and same >= 0.5 * sum(len(r.token_ids) for r in ref)
+    _agree_up_to_first_difference(ref, got)
 
 
 @gpu
@@ -423,11 +429,4 @@ def test_gpu_nvfp4_engine_with_and_without_packing():
     got = eng.generate(prompts, p)
     assert eng.describe()["packed_quantized_groups"] == 4 and eng.describe()["decode"] == "cuda_graph"
     _compare(GraphSampler(model, tok, graphs=False, pack=True).generate(prompts, p), got, atol=0.0)
-    ref = GraphSampler(model, tok, graphs=True, pack=False).generate(prompts, p)
-    worst, same = 0.0, 0
-    for r, g in zip(ref, got):
-        n = next((i for i, (a, b) in enumerate(zip(r.token_ids, g.token_ids)) if a != b), len(r.token_ids))
-        same += n
-        if n:
-            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs[:n], g.logprobs[:n])))
-    assert worst < 0.05 and same >= 0.5 * sum(len(r.token_ids) for r in ref)
+    _agree_up_to_first_difference(GraphSampler(model, tok, graphs=True, pack=False).generate(prompts, p), got)
