@@ -3,7 +3,8 @@ summary and figures.
 
 A study is training recipes (arms) x seeds on one task. Each cell is an ordinary ``trainers.grpo`` run directory
 ``<output_dir>/<arm>/seed<k>``, then an ``eval run`` of its last checkpoint under the arm's own sampler precision
-(the policy as it was trained and sampled) in ``<run>/eval/<checkpoint>``. ``--train-seconds N`` stops training
+(the policy as it was trained and sampled) in ``<run>/eval/<checkpoint>``, and of the untrained model once per
+distinct eval setting in ``<output_dir>/step0/`` (the baseline; ``eval.step0: false`` skips it). ``--train-seconds N`` stops training
 after N seconds (the runs resume from their last checkpoint next time) and evaluates what was reached. At the end the study writes
 
     summary.json   {"runs": [{recipe, seed, steps, final_reward, eval_accuracy, abs_gap_mean, ...}], "arms": {...}}
@@ -69,6 +70,9 @@ class EvalSpec:
     samples: int = 1
     limit: int | None = None
     seed: int = 0
+    # also evaluate the untrained model, once per distinct eval setting (sampler precision, dtype, ...): the
+    # baseline every arm's checkpoints are read against, in <output_dir>/step0/
+    step0: bool = True
 
 
 @dataclass(frozen=True)
@@ -262,19 +266,15 @@ def eval_dir(run: pathlib.Path) -> pathlib.Path | None:
     return None if ckpt is None else run / "eval" / ckpt.name
 
 
-def eval_args(cfg: StudyConfig, run: pathlib.Path) -> list[str] | None:
-    """``python -m eval run`` on the run's last checkpoint, under the run's own sampler precision."""
-    from trainers.checkpoint import latest_checkpoint
+def _eval_settings(cfg: StudyConfig, arm: str) -> list[str]:
+    """The ``eval run`` options of ``arm``'s evals: the study's eval spec, under the arm's own sampler precision."""
     from trainers.config import load_config
 
-    ckpt = latest_checkpoint(run / "checkpoints")
-    if ckpt is None or cfg.eval is None:
-        return None
-    tcfg = load_config(train_args(cfg, run.parent.name, int(run.name.removeprefix("seed"))))
+    tcfg = load_config(train_args(cfg, arm, cfg.seeds[0]))
     e = cfg.eval
-    args = [str(ckpt), "--tasks", e.tasks, "--samples", ",".join(f"{t}={e.samples}" for t in e.tasks.split(",")),
+    args = ["--tasks", e.tasks, "--samples", ",".join(f"{t}={e.samples}" for t in e.tasks.split(",")),
             "--temperature", str(e.temperature), "--max-new-tokens", str(e.max_new_tokens), "--seed", str(e.seed),
-            "--output-dir", str(eval_dir(run)), "--quiet", "--dtype", tcfg.model.dtype]
+            "--quiet", "--dtype", tcfg.model.dtype]
     if tcfg.model.device != "auto":
         args += ["--device", tcfg.model.device]
     if tcfg.precision.sampler != "bf16":
@@ -285,6 +285,32 @@ def eval_args(cfg: StudyConfig, run: pathlib.Path) -> list[str] | None:
     if e.limit:
         args += ["--limit", str(e.limit)]
     return args
+
+
+def eval_args(cfg: StudyConfig, run: pathlib.Path) -> list[str] | None:
+    """``python -m eval run`` on the run's last checkpoint, under the run's own sampler precision."""
+    from trainers.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run / "checkpoints")
+    if ckpt is None or cfg.eval is None:
+        return None
+    return [str(ckpt), *_eval_settings(cfg, run.parent.name), "--output-dir", str(eval_dir(run))]
+
+
+def step0_args(cfg: StudyConfig, arm: str) -> tuple[pathlib.Path, list[str]] | None:
+    """(output dir, ``eval run`` args) of the untrained model under ``arm``'s eval settings; arms with the same
+    settings (model, precision, dtype, ...) share one directory, ``<output_dir>/step0/<sampler>-<hash>``."""
+    import hashlib
+
+    from trainers.config import load_config
+
+    if cfg.eval is None or not cfg.eval.step0:
+        return None
+    tcfg = load_config(train_args(cfg, arm, cfg.seeds[0]))
+    args = [tcfg.model.path, *_eval_settings(cfg, arm)]
+    tag = hashlib.sha1("\0".join(args).encode()).hexdigest()[:8]
+    out = cfg.root / "step0" / f"{tcfg.precision.sampler}-{tag}"
+    return out, [*args, "--output-dir", str(out)]
 
 
 def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None) -> dict:
@@ -317,6 +343,13 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         if args is not None:
             ev_jobs.append((f"eval {arm}/seed{seed}", [sys.executable, "-m", "eval", "run", *args],
                             cfg.root / "logs" / f"{arm}-seed{seed}.eval.log"))
+    for arm in cfg.arms:
+        base = step0_args(cfg, arm)
+        name = None if base is None else f"eval step0 {base[0].name}"
+        if base is None or (base[0] / "results.json").is_file() or any(j[0] == name for j in ev_jobs):
+            continue
+        ev_jobs.append((name, [sys.executable, "-m", "eval", "run", *base[1]],
+                        cfg.root / "logs" / f"step0-{base[0].name}.eval.log"))
     eval_status = _run_all(ev_jobs, cfg.parallel, say)
     summary = summarize(cfg, steps)
     summary["failed"] = sorted(n for n, rc in {**train_status, **eval_status}.items() if rc not in (0, None))
@@ -431,6 +464,9 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
         arms[arm]["seeds"] = len(mine)
         by_step = sorted({k for r in mine for k in r["eval_by_step"]})
         arms[arm]["eval_by_step"] = {k: _agg([r["eval_by_step"].get(k) for r in mine]) for k in by_step}
+        base = step0_args(cfg, arm)
+        res = None if base is None else base[0] / "results.json"
+        arms[arm]["eval_step0"] = _accuracy(res) if res is not None and res.is_file() else None
     return {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
             "date": time.strftime("%Y-%m-%d")}
 
@@ -466,12 +502,19 @@ def table(summary: dict) -> str:
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
     steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})
-    if len(steps) > 1:  # with one checkpoint step the held-out column above already compares at equal steps
-        lines += ["", "Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds):", "",
-                  "| arm | " + " | ".join(f"step {k}" for k in steps) + " |", "|" + "---|" * (len(steps) + 1)]
+    step0 = any(a.get("eval_step0") is not None for a in arms.values())
+    # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
+    if len(steps) + step0 > 1:
+        lines += ["", "Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds; "
+                  "step 0: the untrained model under the arm's precision):", "",
+                  "| arm | " + " | ".join(f"step {k}" for k in [0] * step0 + steps) + " |",
+                  "|" + "---|" * (len(steps) + step0 + 1)]
         for arm, a in arms.items():
             got = {int(k): v for k, v in a.get("eval_by_step", {}).items()}
             cells = [f"{_cell(got[k], '.3f')} (n={got[k]['n']})" if got.get(k) else "-" for k in steps]
+            if step0:
+                acc = a.get("eval_step0")
+                cells.insert(0, "-" if acc is None else f"{acc:.3f} (untrained)")
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 
+from trainers import study
 from trainers.study import StudyError, load_study, reward_at, run_study, summarize, table, where
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_summary_and_table_over_seeds(tmp_path):
     assert "by checkpoint step" not in md  # no eval yet
 
 
-def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path):
+def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path, monkeypatch):
     """Runs stopped at different checkpoints: the last-checkpoint column mixes steps, the by-step table does not."""
     cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16, triage_bf16]\n"
                                       "seeds: [0, 1]\ntrain: {trainer.max_steps: 20}\n"))
@@ -90,17 +91,22 @@ def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path):
             d = run / "eval" / f"step_{step:06d}"
             d.mkdir(parents=True)
             (d / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc}, "b": {"mean": acc}}}))
+    base = cfg.root / "step0" / "only-bf16-arm"
+    base.mkdir(parents=True)
+    (base / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": 0.1}}}))
+    monkeypatch.setattr(study, "step0_args", lambda c, arm: (base, []) if arm == "bf16" else None)
     s = summarize(cfg, {"bf16": 20, "triage_bf16": 20})
     bf = s["arms"]["bf16"]
+    assert bf["eval_step0"] == pytest.approx(0.1) and s["arms"]["triage_bf16"]["eval_step0"] is None
     assert bf["eval_accuracy"]["mean"] == pytest.approx(0.35)  # last checkpoints: step 20 (0.4) and 10 (0.3)
     assert bf["eval_by_step"][10]["mean"] == pytest.approx(0.25) and bf["eval_by_step"][10]["n"] == 2
     assert bf["eval_by_step"][20]["n"] == 1
     assert s["arms"]["triage_bf16"]["eval_by_step"] == {10: {"mean": 0.5, "std": 0.0, "n": 1, "min": 0.5,
                                                              "max": 0.5}}
     md = table(s)
-    assert "| arm | step 10 | step 20 |" in md
-    assert "| bf16 | 0.250 ± 0.071 (n=2) | 0.400 (n=1) |" in md
-    assert "| triage_bf16 | 0.500 (n=1) | - |" in md
+    assert "| arm | step 0 | step 10 | step 20 |" in md
+    assert "| bf16 | 0.100 (untrained) | 0.250 ± 0.071 (n=2) | 0.400 (n=1) |" in md
+    assert "| triage_bf16 | - | 0.500 (n=1) | - |" in md
 
 
 def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
@@ -130,6 +136,11 @@ def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
     assert text.count("TRIAGE: gated token fraction") == 1
     assert f"next: python -m eval run {out / 'triage_bf16' / 'seed0' / 'checkpoints' / 'step_000002'}" in text
     assert f"[study] table: {out / 'table.md'}" in text
+    # the untrained model, evaluated once: both arms sample in BF16, so they share one baseline
+    base = list((out / "step0").iterdir())
+    assert len(base) == 1 and base[0].name.startswith("bf16-") and (base[0] / "results.json").is_file()
+    assert [s["arms"][a]["eval_step0"] for a in ("bf16", "triage_bf16")] == [s["arms"]["bf16"]["eval_step0"]] * 2
+    assert 0.0 <= s["arms"]["bf16"]["eval_step0"] <= 1.0 and "(untrained)" in (out / "table.md").read_text()
     # the same command again: every run and eval is found complete, nothing is started
     said.clear()
     again = run_study(cfg, say=said.append)
