@@ -177,8 +177,17 @@ def _value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
 
 
+def study_threads(parallel: int) -> int:
+    """CPU threads per run: the cores shared evenly between the ``parallel`` runs that go at once."""
+    return max(1, (os.cpu_count() or 1) // parallel)
+
+
 def train_args(cfg: StudyConfig, arm: str, seed: int) -> list[str]:
     args = [f"recipe={arm}", f"trainer.seed={seed}", f"trainer.output_dir={cfg.run_dir(arm, seed)}"]
+    if "trainer.cpu_threads" not in cfg.train:
+        # fixed by the study, not left to the trainer's load check: a run started right after another sees that
+        # run's load average and would drop to 1 thread, and CPU results depend on the thread count
+        args.append(f"trainer.cpu_threads={study_threads(cfg.parallel)}")
     return args + [f"{k}={_value(v)}" for k, v in cfg.train.items()]
 
 
@@ -205,7 +214,7 @@ def is_complete(run: pathlib.Path, steps: int) -> bool:
 
 def _child_env(parallel: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel)))
+    env.setdefault("OMP_NUM_THREADS", str(study_threads(parallel)))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

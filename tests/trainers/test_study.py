@@ -43,6 +43,19 @@ def test_bad_study_is_one_clear_error(tmp_path, body, needle):
         load_study(_write(tmp_path, body))
 
 
+def test_runs_get_a_fixed_thread_count(tmp_path, monkeypatch):
+    """Each run's CPU threads come from the study (cores / parallel), not from the load its start happens to
+    see, so the same study gives the same numbers; an explicit train.trainer.cpu_threads wins."""
+    from trainers.config import load_config
+    from trainers.study import train_args
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\nparallel: 3\n"))
+    assert load_config(train_args(cfg, "bf16", 0)).trainer.cpu_threads == 5
+    cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\ntrain: {trainer.cpu_threads: 2}\n"))
+    assert [a for a in train_args(cfg, "bf16", 0) if "cpu_threads" in a] == ["trainer.cpu_threads=2"]
+
+
 def test_reward_at_is_a_trailing_window_mean():
     rows = [{"step": s, "reward/mean": float(s)} for s in range(1, 11)]
     assert reward_at(rows, 10, 3) == pytest.approx((8 + 9 + 10) / 3)
