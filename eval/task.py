@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from trainers.rewards.math import extract_boxed, final_answer_segment, score_math, to_number
+from scoring.math import extract_boxed, final_answer_segment, score_math, to_number
 
 MATH_PROMPT_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

@@ -16,7 +16,6 @@ candidates a resume tries in turn (the trainer falls back to the previous checkp
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minite_kernels.fileio import atomic_write_text, current_umask  # noqa: F401 - atomic_write_text re-exported
+from minite_kernels.fileio import atomic_write_text, current_umask, sha256_file
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -91,15 +90,6 @@ def save_checkpoint(ckpt_root: pathlib.Path, step: int, *, model, tokenizer, opt
     atomic_write_text(ckpt_root / "latest", final.name + "\n")
     _prune(ckpt_root, keep, protect=final)
     return final
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _manifest(d: pathlib.Path) -> dict[str, dict]:

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainers.checkpoint import atomic_write_text
+from minite_kernels.fileio import atomic_write_text
 
 #: metrics averaged over every step of a run for the table (key in metrics.jsonl -> column)
 STEP_MEANS = {

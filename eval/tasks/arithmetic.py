@@ -13,7 +13,7 @@ problems; level 3 has 8,100 and mostly does not (the data SOURCE.md counts the o
 from __future__ import annotations
 
 from eval.task import Example, SampleScore, Task, first_field, register
-from trainers.rewards.math import extract_gsm8k, final_answer_segment, score_gsm8k
+from scoring.math import extract_gsm8k, final_answer_segment, score_gsm8k
 
 INSTRUCTION = "Give the result as a number."
 #: the study's instruction (recipes/studies/arithmetic.yaml): responses long enough for several gate segments

@@ -7,7 +7,7 @@ is asked for a ``\\boxed{}`` answer like every math task; a response without one
 from __future__ import annotations
 
 from eval.task import MATH_PROMPT_SUFFIX, Example, MathTask, SampleScore, first_field, register
-from trainers.rewards.math import extract_boxed, extract_gsm8k, final_answer_segment, score_gsm8k
+from scoring.math import extract_boxed, extract_gsm8k, final_answer_segment, score_gsm8k
 
 
 @register

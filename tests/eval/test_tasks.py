@@ -5,7 +5,7 @@ import pytest
 
 from eval.data import load_rows
 from eval.task import get_task, parse_task_list, task_names
-from trainers.rewards.math import to_number
+from scoring.math import to_number
 
 MATH_TASKS = ["aime24", "aime25", "amc23", "math500", "gsm8k"]
 ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "gsm8k": 1319, "ifeval": 541,

@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from minite_kernels.fileio import iter_json_objects
 from trainers.config import DataConfig
-from trainers.data.jsonl import iter_json_objects
 
 GSM8K_TRAIN = pathlib.Path(__file__).resolve().parent / "gsm8k" / "train.jsonl"
 

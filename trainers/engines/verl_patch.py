@@ -28,7 +28,7 @@ a recipe with stochastic rounding in the *forward* would need its generator stat
 
 It also exposes ``compute_score``, the function named by ``reward.custom_reward_function`` (verl's
 ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` contract), which
-delegates to the project's scorers (``trainers.rewards.registry.compute_score`` -> ``trainers.rewards.math``).
+delegates to the project's scorers (``trainers.rewards.registry.compute_score`` -> ``scoring.math``).
 
 Verified on CPU (tests/trainers/test_engine_verl.py): the wrapper applied to a fake engine whose
 ``_build_module`` returns a tiny random Qwen3 swaps every decoder linear and leaves the state-dict keys

@@ -1,1 +1,2 @@
-"""Rewards for RL training: verifiable answer scoring (math, GSM8K) shared with ``python -m eval``."""
+"""Rewards for RL training: the task's verifiable reward (``registry``), scored by ``scoring`` as ``python -m eval``
+scores the same answers."""

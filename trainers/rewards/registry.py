@@ -27,7 +27,7 @@ class RewardError(RuntimeError):
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """Built-in scorer: GSM8K-style last-number / '####' answers for arithmetic and GSM8K, math-verify otherwise."""
-    from trainers.rewards.math import score_gsm8k, score_math
+    from scoring.math import score_gsm8k, score_math
 
     if data_source in ("arithmetic", "openai/gsm8k", "gsm8k"):
         return float(score_gsm8k(solution_str, ground_truth))

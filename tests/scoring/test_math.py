@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.rewards.math import (
+from scoring.math import (
     extract_boxed,
     extract_gsm8k,
     final_answer_segment,
@@ -124,7 +124,7 @@ def test_integer_answers_property(n, delta):
 def test_a_huge_response_is_scored_on_its_end_and_logs_little(caplog):
     import logging
 
-    from trainers.rewards.math import score_math
+    from scoring.math import score_math
 
     huge = "x = y + z, " * 500_000 + r"so the answer is \boxed{x^2 + 1}"  # ~5.5 MB; a symbolic answer, so
     with caplog.at_level(logging.DEBUG):                                   # math-verify (not the number path) runs

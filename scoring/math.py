@@ -20,7 +20,7 @@ sound (equal rationals are equal) and needs no sympy; anything else goes to math
 Threads: math-verify's timeouts use ``signal.alarm``, which only works in the main thread. ``score_math``
 therefore (a) calls math-verify with its own timeouts in the main thread, (b) off the main thread (verl
 reward workers, thread pools, Ray actor threads) sends the check to a small pool of worker subprocesses
-(``python -m trainers.rewards.math --worker``, JSON lines over pipes) that run it in *their* main thread
+(``python -m scoring.math --worker``, JSON lines over pipes) that run it in *their* main thread
 with the same signal timeouts; the caller waits with a safety deadline, and a worker that exceeds it is
 killed and the response scores 0. ``timeout=None`` disables
 timeouts and runs inline in any thread (a pathological expression can then take unbounded time).
@@ -189,7 +189,7 @@ def _verify(text: str, gold: str, timeout: int | None) -> float:
 
 
 class _VerifyWorkers:
-    """Subprocess workers (``python -m trainers.rewards.math --worker``) for off-main-thread checks.
+    """Subprocess workers (``python -m scoring.math --worker``) for off-main-thread checks.
 
     Each worker answers one JSON line per request and runs math-verify in its own main thread with signal
     timeouts. A caller that gets no answer within the safety deadline kills that worker (a fresh one starts
@@ -208,7 +208,7 @@ class _VerifyWorkers:
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return subprocess.Popen(
-            [sys.executable, "-m", "trainers.rewards.math", "--worker"],
+            [sys.executable, "-m", "scoring.math", "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1, env=env, cwd=root,
         )
