@@ -2,7 +2,7 @@
 # The learning study (issue #22) on a lent H200, over consecutive device calls of at most 10 minutes; the machine
 # keeps /tmp while it is warm (30 s after a call), so the calls must follow each other at once:
 #   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part aa, engine GPU tests   (carry .whl .carry/gguf.aa)
-#   bash scripts/h200_study.sh carry2   # GGUF part ab                                            (carry .carry/gguf.ab)
+#   bash scripts/h200_study.sh carry2   # GGUF part ab, compile_op GPU test, HF static-cache NVFP4 bench (.carry/gguf.ab)
 #   bash scripts/h200_study.sh study    # GGUF part ac if new, assemble, run/resume the study    (carry .carry/gguf.ac)
 # The GGUF (94 MB, split with `split -b 33000000` into .carry/) is over one call's 64 MiB carry. verl imports ray
 # only for a type hint; ray (79 MB) is not installed there, so scripts/device_shims provides ray.ObjectRef.
@@ -20,10 +20,14 @@ carry1)
         > "$out/pip.log" 2>&1 || { echo "pip install failed" >> "$out/summary.txt"; cat "$out/pip.log"; exit 1; }
     step imports 60 python3 -c "import verl.trainer.ppo.core_algos, trainers.learner.actor, triage.verl, omegaconf, \
 math_verify, gguf; import ray; print('imports ok', ray.__file__)"
-    step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu -k "nvfp4 or weight_update" \
-        -q -p no:cacheprovider -rfE
+    [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu \
+        -k "nvfp4 or weight_update" -q -p no:cacheprovider -rfE
     ;;
 carry2)
+    # issue #19 checks that fit the wait for the last GGUF part: torch.compile's cudagraph trees around the NVFP4
+    # op, and transformers' static-cache generate with NVFP4 linears against the graph sampler
+    step compile_op_test 90 python3 -m pytest tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
+    step rollout 150 python3 scripts/bench_rollout.py --variants graph_nvfp4,hf_static_nvfp4
     ;;
 study)
     [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
