@@ -2,10 +2,14 @@
 # The learning study (issue #22) on a lent H200, over consecutive device calls of at most 10 minutes; the machine
 # keeps /tmp while it is warm (30 s after a call), so the calls must follow each other at once:
 #   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part aa, engine GPU tests   (carry .whl .carry/gguf.aa)
-#   bash scripts/h200_study.sh carry2   # GGUF part ab, compile_op GPU test, HF static-cache NVFP4 bench (.carry/gguf.ab)
+#   bash scripts/h200_study.sh carry2   # GGUF part ab, compile_op GPU test, HF static-cache NVFP4 bench, strict-mode
+#                                       # GPU tests and cost (.carry/gguf.ab)
 #   bash scripts/h200_study.sh study    # GGUF part ac if new, assemble, run/resume the study    (carry .carry/gguf.ac)
 # The GGUF (94 MB, split with `split -b 33000000` into .carry/) is over one call's 64 MiB carry. verl imports ray
 # only for a type hint; ray (79 MB) is not installed there, so scripts/device_shims provides ray.ObjectRef.
+# .whl holds cp312 wheels of what the image lacks: verl 0.9.1, tensordict 0.10.0, pyvers, omegaconf, hydra-core,
+# antlr4-python3-runtime 4.9.3 (sdist only: `pip wheel` it), math-verify, latex2sympy2_extended, gguf, codetiming,
+# dill and orjson (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`, 3 MB).
 # Everything comes back through $OUT: summary.txt, the study's table/summary, and study.tgz (no checkpoints).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
@@ -28,6 +32,10 @@ carry2)
     # op, and transformers' static-cache generate with NVFP4 linears against the graph sampler
     step compile_op_test 90 python3 -m pytest tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
     step rollout 150 python3 scripts/bench_rollout.py --variants graph_nvfp4,hf_static_nvfp4
+    # issue #21: the batch-invariant kernels and strict mode against their references, then strict mode's cost
+    step strict_tests 170 python3 -m pytest tests/minite_kernels/test_batch_invariant.py \
+        tests/minite_kernels/test_strict.py tests/trainers/test_strict_alignment.py -m gpu -q -p no:cacheprovider -rfE
+    step strict_bench 110 python3 scripts/bench_strict.py --device cuda --model qwen3-0.6b --prompts 32 --new-tokens 64
     ;;
 study)
     [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }

@@ -49,8 +49,9 @@ class PrecisionConfig:
     # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
     exclude: tuple[int | str, ...] = ("lm_head",)
     backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
-    # strict: every reduction on the token path in fp64, rounded once (minite_kernels.strict), so the sampler's
-    # log-probs equal the learner's bit for bit (CPU only for now); default: the kernels' own order
+    # strict: every reduction on the token path batch-invariant (minite_kernels.strict: fp64 rounded once on CPU,
+    # fixed-order Triton kernels on CUDA), so the sampler's log-probs equal the learner's bit for bit; default: the
+    # kernels' own order
     alignment: Literal["default", "strict"] = "default"
 
 
@@ -409,11 +410,15 @@ def validate(cfg: Config) -> Config:
             "list agree")
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device):
         raise ConfigError(f"model.device={cfg.model.device!r} is not a device; valid: auto, cpu, cuda, cuda:N, mps")
-    if cfg.precision.alignment == "strict" and (cfg.engine != "local" or cfg.model.device.startswith("cuda")):
+    if cfg.precision.alignment == "strict" and cfg.engine != "local":
         raise ConfigError(
-            f"precision.alignment=strict runs with engine=local on the CPU (model.device=cpu); got "
-            f"engine={cfg.engine}, model.device={cfg.model.device}. On GPUs it needs batch-invariant kernels, "
-            "not built yet; use precision.alignment=default there")
+            f"precision.alignment=strict runs with engine=local (its sampler and learner share the strict kernels); "
+            f"got engine={cfg.engine}. Use engine=local, or precision.alignment=default")
+    if cfg.precision.alignment == "strict" and cfg.precision.backend not in ("auto", "emulated"):
+        raise ConfigError(
+            f"precision.alignment=strict runs the quantized linears on the emulated backend, whose dequantized "
+            f"GEMMs the batch-invariant kernels compute; got precision.backend={cfg.precision.backend}. "
+            "Valid with strict: auto, emulated")
     if cfg.engine == "verl" and cfg.optim.impl == "minite":
         raise ConfigError("optim.impl='minite' applies to engine=local; verl's FSDP workers build their own "
                           "optimizer (valid with engine=verl: 'auto', 'torch')")

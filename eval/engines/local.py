@@ -8,7 +8,6 @@ padding), and cut into batches of ``batch_size`` sequences; batch b of a task is
 """
 from __future__ import annotations
 
-import contextlib
 import difflib
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +16,12 @@ from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
 
 
-#: ``strict``: every reduction in fp64, rounded once (``minite_kernels.strict``): a prompt's tokens and log-probs
-#: do not depend on its batch or padding (CPU only)
+#: ``strict``: every reduction batch-invariant (``minite_kernels.strict``: fp64 rounded once on CPU, fixed-order
+#: Triton kernels on CUDA): a prompt's tokens and log-probs do not depend on its batch or padding
 ALIGNMENTS = ("default", "strict")
 
 
-def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = ()) -> dict:
+def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = (), backend: str = "auto") -> dict:
     """Swap the model's linears for the named minite precision recipe (``exclude``: module-name patterns and
     block indices kept in high precision, as the trainer's ``precision.exclude``); returns the report."""
     from minite_kernels import quantize_model
@@ -33,7 +32,7 @@ def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = ()) 
         close = difflib.get_close_matches(precision, names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown precision recipe {precision!r}.{hint} Valid: {', '.join(names)}")
-    report = quantize_model(model, precision, exclude=list(exclude) or None)
+    report = quantize_model(model, precision, exclude=list(exclude) or None, backend=backend)
     return report.to_dict()
 
 
@@ -46,17 +45,16 @@ class LocalEngine(Engine):
 
         if alignment not in ALIGNMENTS:
             raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
-        dev = next(model.parameters()).device
-        if alignment == "strict" and dev.type != "cpu":
-            raise ValueError(f"alignment 'strict' runs on the CPU; the model is on {dev} (use --device cpu)")
         self.alignment = alignment
         self.model = model
         self.tokenizer = tokenizer
         self.precision = precision
         if exclude and not precision:
             raise ValueError("--exclude applies to a --precision recipe; none was given")
-        self.quantization = apply_precision(model, precision, exclude) if precision else None
-        self.sampler = make_sampler(model, tokenizer)
+        # strict: the emulated backend's GEMMs are plain matmuls, which StrictMode makes batch-invariant
+        backend = "emulated" if alignment == "strict" else "auto"
+        self.quantization = apply_precision(model, precision, exclude, backend) if precision else None
+        self.sampler = make_sampler(model, tokenizer, alignment=alignment)
         self.info = dict(info or {})
 
     @classmethod
@@ -84,8 +82,7 @@ class LocalEngine(Engine):
             sp = SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                 top_p=1.0 if params.temperature == 0 else params.top_p,  # greedy: skip the sort
                                 max_new_tokens=params.max_new_tokens, seed=params.seed + b)
-            with self._alignment():
-                comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)
+            comps = self.sampler.generate([prompt_ids[i] for _, i, _ in chunk], sp)  # strict: under StrictMode
             for (_, i, s), c in zip(chunk, comps):
                 ids = c.token_ids[:-1] if c.finish_reason == "stop" else c.token_ids
                 out[i][s] = Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -93,14 +90,6 @@ class LocalEngine(Engine):
             if progress is not None:
                 progress(len(chunk))
         return out  # type: ignore[return-value]
-
-    def _alignment(self):
-        """``minite_kernels.strict.StrictMode`` under alignment 'strict' (batch-invariant bits), else nothing."""
-        if self.alignment != "strict":
-            return contextlib.nullcontext()
-        from minite_kernels.strict import StrictMode
-
-        return StrictMode()
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -1,7 +1,12 @@
-"""precision.alignment=strict: the sampler's log-probs equal the learner's bit for bit (CPU)."""
+"""precision.alignment=strict: the sampler's log-probs equal the learner's bit for bit.
+
+CPU: fp64 reductions (``StrictMode``'s CPU way). The batch-invariant kernels (CUDA's way): on CPU under Triton's
+interpreter (``interp_``), on a GPU compiled (``-m gpu``), in both sampler engines.
+"""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -15,24 +20,28 @@ from trainers.rollout import LocalSampler, SamplingParams
 TEXTS = ["What is 3+4?", "Compute 12 * 7, please, and show the steps", "hi", "Tell me a story about a cat"]
 
 
-def _gap(model, tok, prompts, strict: bool, new_tokens: int = 12):
+def _gap(model, tok, prompts, strict: bool, new_tokens: int = 12, engine: str = "loop", kernels: str = "auto"):
     """(delta [B, R] learner - sampler, completions) for one rollout of the prompts (mixed lengths, one batch)."""
-    ctx = StrictMode() if strict else torch.no_grad()
+    from trainers.rollout import make_sampler
+
+    ctx = StrictMode(kernels) if strict else torch.no_grad()
     with ctx, torch.no_grad():
-        comps = LocalSampler(model, tok).generate(prompts, SamplingParams(max_new_tokens=new_tokens, seed=1))
-        b = collate(comps, tok.pad_token_id)
+        sampler = make_sampler(model, tok, engine=engine, alignment="strict" if strict else "default")
+        comps = sampler.generate(prompts, SamplingParams(max_new_tokens=new_tokens, seed=1))
+        b = collate(comps, tok.pad_token_id, model.device)
         lp, _ = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, prompt_len=b.prompt_len,
                                   with_entropy=False)
     return (lp - b.sampler_logp) * b.response_mask, comps
 
 
-def _tiny(qwen3_tokenizer_dir, recipe):
+def _tiny(qwen3_tokenizer_dir, recipe, device="cpu", dtype="float32", backend="auto", **overrides):
     from trainers.models import tiny_random_qwen3
 
     m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, hidden_size=128, intermediate_size=256,
-                               num_hidden_layers=3)
+                               num_hidden_layers=3, dtype=dtype, **overrides)
+    m.to(device)
     if recipe != "bf16":
-        quantize_model(m, recipe)
+        quantize_model(m, recipe, backend=backend)
     return m, tok
 
 
@@ -89,10 +98,91 @@ def test_trainer_strict_run_logs_zero_gap_and_unit_tis(tiny_model_dir, tmp_path)
     assert json.loads((out / "run_meta.json").read_text())["alignment"] == "strict"
 
 
-def test_strict_is_refused_off_the_cpu_and_with_verl():
+def test_strict_is_refused_with_verl_and_other_backends():
     from trainers.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="precision.alignment=strict runs with engine=local on the CPU"):
-        load_config(["precision.alignment=strict", "model.device=cuda"])
+    with pytest.raises(ConfigError, match="precision.alignment=strict runs with engine=local"):
+        load_config(["precision.alignment=strict", "engine=verl"])
+    with pytest.raises(ConfigError, match="Valid with strict: auto, emulated"):
+        load_config(["precision.alignment=strict", "precision.backend=triton"])
     with pytest.raises(ConfigError, match="valid choices"):
         load_config(["precision.alignment=exact"])
+    load_config(["precision.alignment=strict", "model.device=cuda"])  # CUDA runs the batch-invariant kernels
+
+
+# ---------------------------------------------------------------------- the batch-invariant kernels (CUDA's way)
+def _small_vocab(tok_dir, recipe, device):
+    """The tiny model with a 256-token vocabulary and a stand-in tokenizer (pad 0, EOS 1), and prompts of mixed
+    lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite."""
+    from types import SimpleNamespace
+
+    m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1)
+    m.generation_config.eos_token_id = 1
+    if recipe != "bf16":
+        quantize_model(m, recipe, backend="emulated")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 256, (n,), generator=g).tolist() for n in (5, 11, 2, 8)]
+    return m, SimpleNamespace(pad_token_id=0, eos_token_id=1), prompts
+
+
+def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float32", small_vocab=False):
+    if small_vocab:
+        m, tok, prompts = _small_vocab(tok_dir, recipe, device)
+    else:
+        m, tok = _tiny(tok_dir, recipe, device, dtype, backend="emulated")
+        prompts = [tok.encode(t) for t in TEXTS]
+    delta, comps = _gap(m, tok, prompts, strict=True, new_tokens=6, engine=engine, kernels=kernels)
+    assert sum(len(c.token_ids) for c in comps) > len(prompts)
+    assert bool((delta == 0).all()), float(delta.abs().max())
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    from trainers.rollout import make_sampler
+
+    with StrictMode(kernels), torch.no_grad():  # a prompt alone: the same tokens and log-prob bits as batched
+        s = make_sampler(m, tok, engine=engine, alignment="strict")
+        batched = s.generate(prompts, greedy)
+        alone = [s.generate([p], greedy)[0] for p in prompts]
+    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
+    assert [c.logprobs for c in alone] == [c.logprobs for c in batched]
+    return m, tok
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs inside the interpreter subprocess")
+@pytest.mark.parametrize("engine", ["loop", "graph"])
+def test_interp_kernels_sampler_equals_learner(qwen3_tokenizer_dir, engine):
+    _check_kernels_strict(qwen3_tokenizer_dir, "cpu", "nvfp4_per_token_bf16_bwd", engine, "triton", small_vocab=True)
+
+
+def test_kernels_strict_under_interpreter(run_interp_tests):
+    run_interp_tests(__file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["graph", "loop"])
+@pytest.mark.parametrize("recipe,dtype", [("nvfp4_per_token_bf16_bwd", "float32"), ("nvfp4_per_token_bf16_bwd",
+                                          "bfloat16"), ("bf16", "bfloat16"), ("mxfp8", "bfloat16")])
+def test_gpu_strict_sampler_equals_learner(qwen3_tokenizer_dir, engine, recipe, dtype):
+    _check_kernels_strict(qwen3_tokenizer_dir, "cuda", recipe, engine, "auto", dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_default_mode_shows_the_gap(qwen3_tokenizer_dir):
+    m, tok = _tiny(qwen3_tokenizer_dir, "nvfp4_per_token_bf16_bwd", "cuda", "bfloat16")
+    delta, _ = _gap(m, tok, [tok.encode(t) for t in TEXTS], strict=False, engine="graph")
+    assert float(delta.abs().max()) > 0
+
+
+@pytest.mark.gpu
+def test_gpu_trainer_strict_run_logs_zero_gap(tiny_model_dir, tmp_path):
+    from trainers.config import load_config
+    from trainers.engines.local import run_local
+    from trainers.tracking import read_metrics
+
+    out = tmp_path / "run"
+    cfg = load_config([f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "recipe=tis_nvfp4",
+                       "precision.alignment=strict", "model.device=cuda", "rollout.prompts_per_step=2",
+                       "rollout.n=2", "rollout.max_new_tokens=6", "trainer.max_steps=2", "logger.progress=false",
+                       "logger.wandb.mode=disabled", "algorithm.micro_batch_size=2", "data.arithmetic.size=8"])
+    run_local(cfg)
+    rows = read_metrics(out)
+    assert [r["mismatch/abs_gap_mean"] for r in rows] == [0.0, 0.0]
+    assert rows[-1]["rollout_corr/rollout_is_min"] == rows[-1]["rollout_corr/rollout_is_max"] == 1.0

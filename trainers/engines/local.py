@@ -119,7 +119,9 @@ def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]
         print(f"[trainers] MINITE_RECIPE={env_recipe} is ignored: the training recipe names precision "
               f"{recipe!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
     exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None  # names and block indices
-    report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=cfg.precision.backend,
+    # strict alignment: the emulated backend's GEMMs are plain matmuls, which StrictMode makes batch-invariant
+    backend = "emulated" if cfg.precision.alignment == "strict" else cfg.precision.backend
+    report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=backend,
                             lm_head="lm_head" not in cfg.precision.exclude)
     return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
             "quantized_layers": len(report.swapped)}
@@ -203,9 +205,6 @@ class LocalTrainer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"model.device={dev}, but this torch ({torch.__version__}) sees no CUDA device; use "
                               "model.device=auto or cpu")
-        if cfg.precision.alignment == "strict" and self.device.type != "cpu":
-            raise ConfigError(f"precision.alignment=strict runs on the CPU; this run would use {self.device} "
-                              "(set model.device=cpu, or precision.alignment=default)")
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -227,7 +226,7 @@ class LocalTrainer:
         self.precision = apply_precision(self.model, cfg, self.run_dir)
         try:
             self.sampler = make_sampler(self.model, self.tok, batch_size=cfg.rollout.batch_size,
-                                        engine=cfg.rollout.sampler)
+                                        engine=cfg.rollout.sampler, alignment=cfg.precision.alignment)
         except UnsupportedModel as e:
             raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
@@ -431,7 +430,8 @@ class LocalTrainer:
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
-        """One GRPO step; under ``precision.alignment=strict`` every reduction runs in fp64, rounded once."""
+        """One GRPO step; under ``precision.alignment=strict`` every reduction is batch-invariant
+        (``minite_kernels.strict``)."""
         if self.cfg.precision.alignment != "strict":
             return self._step(step)
         from minite_kernels.strict import StrictMode

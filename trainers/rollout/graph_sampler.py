@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from minite_kernels.strict import decode_attention as strict_decode_attention
 from trainers.rollout import attention as attn
 from trainers.rollout.decoder import decode_logits, decoder_view
 from trainers.rollout.fused import functions
@@ -45,7 +46,7 @@ from trainers.rollout.sampling import process_logits, sample_tokens
 #: the cache length grows in these steps (a longer call re-allocates the cache and re-captures); a decode
 #: step attends over the first multiple of SEQ_ROUND slots that holds its slot (one graph per such length)
 SEQ_ROUND = 128
-ATTENTION = ("auto", "triton", "sdpa")
+ATTENTION = ("auto", "triton", "sdpa", "strict")
 
 
 def bucket_of(n: int) -> int:
@@ -90,6 +91,9 @@ class GraphSampler(Sampler):
     cover), True (fused: compiled on CUDA, eager elsewhere) or False (the model's modules op by op).
     ``attention``: "auto" (the Triton decode-attention kernel on CUDA when Triton imports, else SDPA),
     "triton" or "sdpa" (``attention.py``).
+    ``alignment``: "default", or "strict": the step runs the model's own modules (no fused functions, no packed
+    GEMMs) and ``minite_kernels.strict.decode_attention`` under ``StrictMode``, so every reduction is
+    batch-invariant and the log-probs equal the learner's bit for bit.
     ``pack``: with the fused functions, run each layer's q/k/v and gate/up projections as one GEMM each over
     packed weight copies (``packed.py``: plain linears, and NVFP4 linears on minite's fast lane, whose packed
     copy is the dequantized weight; extra memory, ``describe()["packed_bytes"]``).
@@ -100,7 +104,7 @@ class GraphSampler(Sampler):
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
                  fused: bool | str = "auto", attention: str = "auto", pack: bool = True,
-                 check_every: int = 8) -> None:
+                 check_every: int = 8, alignment: str = "default") -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
                 raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
@@ -109,8 +113,13 @@ class GraphSampler(Sampler):
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.view = decoder_view(model)
-        super().__init__(model, tokenizer, batch_size=batch_size)
+        super().__init__(model, tokenizer, batch_size=batch_size, alignment=alignment)
         cuda = self.device.type == "cuda"
+        if alignment == "strict":  # the model's own modules and the strict attention, under StrictMode
+            if fused is True or attention not in ("auto", "strict"):
+                raise ValueError("alignment='strict' runs the model's modules and the batch-invariant attention: "
+                                 f"fused=True / attention={attention!r} do not apply")
+            fused, pack, attention = False, False, "strict"
         if fused is True and self.view.unfusable:
             raise ValueError(f"fused=True: {self.view.unfusable}")
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
@@ -121,6 +130,8 @@ class GraphSampler(Sampler):
             self._packed = None
         if attention == "auto":
             attention = "triton" if cuda and attn.triton is not None else "sdpa"
+        if attention == "strict" and alignment != "strict":
+            raise ValueError("attention='strict' is the batch-invariant kernel of alignment='strict'; pass that")
         if attention == "triton" and attn.triton is None:
             raise ValueError("attention='triton' needs Triton (pip install 'minite-rl[gpu]')")
         self.attention = attention
@@ -307,7 +318,7 @@ class GraphSampler(Sampler):
             k = min(self.check_every, T - done)
             for j in range(k):
                 slot = L + done - 1 + j  # the slot this step writes (its input token's)
-                s = st.seq if self.attention == "triton" else min(st.seq, (slot // SEQ_ROUND + 1) * SEQ_ROUND)
+                s = st.seq if self.attention in ("triton", "strict") else min(st.seq, (slot // SEQ_ROUND + 1) * SEQ_ROUND)
                 self._run_step(st, b, s, params)
             done += k
             if done >= T:
@@ -368,6 +379,11 @@ class GraphSampler(Sampler):
 
             def attend(q, k, v, scale):
                 return attn.decode_attention(q, k, v, start, end, scale, splits=splits)
+        elif self.attention == "strict":
+            start, end = st.start[:b], st.slot + 1
+
+            def attend(q, k, v, scale):
+                return strict_decode_attention(q, k, v, start, end, scale)
         else:
             mask = st.valid[:b, :s]
 

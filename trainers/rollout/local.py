@@ -25,6 +25,7 @@ boundaries, and each flip is a full FP4 step that the following layers amplify (
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,8 @@ from trainers.rollout.sampling import process_logits, sample_tokens
 #: what ``Completion.extra["sampling_backend"]`` and the run metadata name the draw: inverse-CDF in torch
 #: with the per-row counter streams of ``rng.py``
 DRAW = "torch-rowhash"
+#: ``default``: each kernel's own reduction order; ``strict``: batch-invariant (``minite_kernels.strict``)
+ALIGNMENTS = ("default", "strict")
 
 
 @dataclass(frozen=True)
@@ -88,11 +91,15 @@ class Completion:
 class Sampler(abc.ABC):
     """What every sampler shares: the model and tokenizer, the pad and default stop ids, and ``generate``,
     which cuts the prompts into batches of ``batch_size`` and hands each, with the call index of its first
-    row, to ``_generate_batch``."""
+    row, to ``_generate_batch``. ``alignment="strict"`` runs it under ``minite_kernels.strict.StrictMode``
+    (batch-invariant reductions: the log-probs equal the learner's, bit for bit, under the same mode)."""
 
     name = "sampler"
 
-    def __init__(self, model, tokenizer, *, batch_size: int | None = None) -> None:
+    def __init__(self, model, tokenizer, *, batch_size: int | None = None, alignment: str = "default") -> None:
+        if alignment not in ALIGNMENTS:
+            raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
+        self.alignment = alignment
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -113,12 +120,19 @@ class Sampler(abc.ABC):
         check_prompts(prompt_ids)
         bs = self.batch_size or len(prompt_ids)
         out: list[Completion] = []
-        for start in range(0, len(prompt_ids), bs):
-            out.extend(self._generate_batch(prompt_ids[start:start + bs], params, start))
+        with self._alignment_mode():
+            for start in range(0, len(prompt_ids), bs):
+                out.extend(self._generate_batch(prompt_ids[start:start + bs], params, start))
         return out
 
+    def _alignment_mode(self):
+        """StrictMode under alignment 'strict', unless the caller (a strict trainer step) already runs one."""
+        from minite_kernels.strict import StrictMode, strict_active
+
+        return StrictMode() if self.alignment == "strict" and not strict_active() else contextlib.nullcontext()
+
     def describe(self) -> dict:
-        return {"sampler": self.name, "sampling_backend": DRAW}
+        return {"sampler": self.name, "sampling_backend": DRAW, "alignment": self.alignment}
 
     @abc.abstractmethod
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, row0: int) -> list[Completion]:

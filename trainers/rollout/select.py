@@ -15,19 +15,20 @@ ENGINES = ("auto", "graph", "loop")
 
 
 def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str = "auto",
-                 check_every: int = 8):
-    """A sampler with ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and ``describe()``."""
+                 check_every: int = 8, alignment: str = "default"):
+    """A sampler with ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and ``describe()``;
+    ``alignment``: ``default`` or ``strict`` (batch-invariant reductions, ``minite_kernels.strict``)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown sampler engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "loop":
-        return LocalSampler(model, tokenizer, batch_size=batch_size)
+        return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
     cuda = next(model.parameters()).device.type == "cuda"
     if engine == "auto" and not cuda:
-        return LocalSampler(model, tokenizer, batch_size=batch_size)
+        return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
     try:
-        return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every)
+        return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every, alignment=alignment)
     except UnsupportedModel as e:
         if engine == "auto":
             warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)
-            return LocalSampler(model, tokenizer, batch_size=batch_size)
+            return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
         raise UnsupportedModel(f"sampler engine 'graph' cannot run this model: {e}; use 'auto' or 'loop'") from None
