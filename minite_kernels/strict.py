@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from minite_kernels.capture import capturing
+
 _LOW = (torch.float32, torch.bfloat16, torch.float16)
 #: how reductions are made order-free: per device (``auto``), always fp64, or always the Triton kernels
 KERNELS = ("auto", "fp64", "triton")
@@ -235,10 +237,6 @@ def _row_fn(bi, func, op: str, args, kwargs):
     return _run(lambda t: bi.rows(t, op, dtype), lambda t: ref_fn(t, dim=-1, dtype=dtype), x)
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def key_ranges(attn_mask: torch.Tensor | None, is_causal: bool, lq: int, lk: int, device
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's valid keys as one run ``[lo, hi)``: int32 [b, h, Lq] (size-1 where the mask broadcasts).
@@ -259,7 +257,7 @@ def key_ranges(attn_mask: torch.Tensor | None, is_causal: bool, lq: int, lk: int
         valid = m
     else:
         valid = m == 0
-        if not _capturing() and bool(((m != 0) & (m > torch.finfo(m.dtype).min / 2)).any()):
+        if not capturing() and bool(((m != 0) & (m > torch.finfo(m.dtype).min / 2)).any()):
             raise ValueError("strict attention takes boolean masks or additive ones of 0 and -inf (or the dtype's "
                              "minimum); this mask adds other biases to the scores")
     if is_causal:
@@ -269,7 +267,7 @@ def key_ranges(attn_mask: torch.Tensor | None, is_causal: bool, lq: int, lk: int
     any_ = valid.any(-1)
     lo = torch.where(any_, v.argmax(-1), 0)
     hi = torch.where(any_, lk - v.flip(-1).argmax(-1), 0)
-    if not _capturing() and bool((valid.sum(-1) != hi - lo).any()):
+    if not capturing() and bool((valid.sum(-1) != hi - lo).any()):
         raise ValueError("strict attention needs each query's valid keys to be one contiguous run (causal and "
                          "padding masks are); this mask has gaps")
     return lo.to(torch.int32), hi.to(torch.int32)

@@ -33,7 +33,7 @@ carry2)
     step compile_op_test 90 python3 -m pytest tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
     step rollout 150 python3 scripts/bench_rollout.py --variants graph_nvfp4,hf_static_nvfp4
     # issue #21: the batch-invariant kernels and strict mode against their references, then strict mode's cost
-    step strict_tests 170 python3 -m pytest tests/minite_kernels/test_batch_invariant.py \
+    step strict_tests 170 python3 -m pytest tests/minite_kernels/test_batch_invariant.py tests/minite_kernels/test_capture.py \
         tests/minite_kernels/test_strict.py tests/trainers/test_strict_alignment.py -m gpu -q -p no:cacheprovider -rfE
     step strict_bench 110 python3 scripts/bench_strict.py --device cuda --model qwen3-0.6b --prompts 32 --new-tokens 64
     ;;

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import statistics
 import subprocess
@@ -228,13 +229,14 @@ def _launch(cmd: list[str], log: pathlib.Path, env: dict[str, str]) -> subproces
 
 
 def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say,
-             stop_at: float | None = None) -> dict[str, int | None]:
+             stop_at: float | None = None, before=None) -> dict[str, int | None]:
     """Run ``(name, cmd, log)`` jobs, ``parallel`` at a time; returns each name's exit status. At ``stop_at``
-    (a ``time.monotonic()`` value) running jobs are terminated and pending ones skipped: status None."""
+    (a ``time.monotonic()`` value) running jobs are terminated and pending ones skipped: status None.
+    ``before(name)``, if given, runs just before a job starts."""
     env = _child_env(parallel)
     pending, running, status = list(jobs), {}, {}
     try:
-        return _schedule(pending, running, status, parallel, env, say, stop_at)
+        return _schedule(pending, running, status, parallel, env, say, stop_at, before)
     finally:  # interrupted (Ctrl-C, a kill of the study): no run keeps going unwatched, holding its directory
         for proc, _ in running.values():
             if proc.poll() is None:
@@ -242,7 +244,7 @@ def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say
                 proc.wait()
 
 
-def _schedule(pending, running, status, parallel, env, say, stop_at):
+def _schedule(pending, running, status, parallel, env, say, stop_at, before):
     while pending or running:
         if stop_at is not None and time.monotonic() >= stop_at:
             for name, (proc, _) in running.items():
@@ -255,6 +257,8 @@ def _schedule(pending, running, status, parallel, env, say, stop_at):
             return status
         while pending and len(running) < parallel:
             name, cmd, log = pending.pop(0)
+            if before is not None:
+                before(name)
             say(f"start {name} (log {log})")
             running[name] = (_launch(cmd, log, env), time.monotonic())
         time.sleep(0.2)
@@ -322,6 +326,20 @@ def step0_args(cfg: StudyConfig, arm: str) -> tuple[pathlib.Path, list[str]] | N
     return out, [*args, "--output-dir", str(out)]
 
 
+def _drop_stale_evals(run: pathlib.Path, name: str, say) -> None:
+    """A run about to start without a checkpoint trains again from step 0 (its ``metrics.jsonl`` is rewritten),
+    so evals already in ``<run>/eval`` are of another execution's checkpoints: remove them, since evals are
+    reused by their checkpoint's step name."""
+    from trainers.checkpoint import latest_checkpoint
+
+    old = sorted((run / "eval").glob("step_*"))
+    if old and latest_checkpoint(run / "checkpoints") is None:
+        say(f"{name} restarts from step 0 (no checkpoint): dropping the evals of its previous execution "
+            f"({', '.join(d.name for d in old)})")
+        for d in old:
+            shutil.rmtree(d)
+
+
 def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None) -> dict:
     """Train every missing run, evaluate every missing checkpoint, then write the summary and figures.
 
@@ -340,7 +358,8 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         jobs.append((f"{arm}/seed{seed}", [sys.executable, "-m", "trainers.grpo", *train_args(cfg, arm, seed)],
                      cfg.root / "logs" / f"{arm}-seed{seed}.train.log"))
     stop_at = None if train_seconds is None else time.monotonic() + train_seconds
-    train_status = _run_all(jobs, cfg.parallel, say, stop_at)
+    runs = {f"{arm}/seed{seed}": cfg.run_dir(arm, seed) for arm, seed in cells}
+    train_status = _run_all(jobs, cfg.parallel, say, stop_at, before=lambda n: _drop_stale_evals(runs[n], n, say))
     ev_jobs = []
     for arm, seed in cells:
         run = cfg.run_dir(arm, seed)

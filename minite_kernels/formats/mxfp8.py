@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..capture import any_or_capturing
 from ._validate import as_rows, check_choice, check_float_tensor
 from .e4m3 import E4M3_MAX, e4m3_cast
 from .e8m0 import E8M0_NAN, e8m0_decode, e8m0_encode_rceil, e8m0_inverse
@@ -80,7 +81,7 @@ def quantize_mxfp8(x: torch.Tensor, *, block: int = MXFP8_BLOCK) -> MXFP8Tensor:
     xb = x2.view(m, k // block, block)
     amax = xb.abs().amax(dim=-1)  # NaN/Inf propagate: a non-finite block amax marks a poisoned block
     bad = ~torch.isfinite(amax)  # [M, K//32]
-    if bool(bad.any()):
+    if any_or_capturing(bad):  # captured: taken always, exact on finite input
         xb = torch.where(torch.isfinite(xb), xb, torch.zeros((), dtype=torch.float32, device=x2.device))
         amax = xb.abs().amax(dim=-1)
     v = amax * torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32, device=x2.device)

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..capture import any_or_capturing
 from ._validate import as_rows, check_choice, check_float_tensor
 from .e2m1 import E2M1_MAX, e2m1_decode, e2m1_encode, pack_nibbles, unpack_nibbles
 from .e4m3 import E4M3_MAX, e4m3_cast
@@ -241,7 +242,7 @@ def quantize_nvfp4(
     else:
         amax = (v1.amax() if m else torch.zeros((), device=dev)).reshape(1)
     bad = ~torch.isfinite(amax)
-    all_finite = not bool(bad.any())
+    all_finite = not any_or_capturing(bad)  # captured: the non-finite path, exact on finite input
     if not all_finite:
         x2 = torch.where(torch.isfinite(x2), x2, _f32(0.0, dev))
         vmax, v1 = _block_max(x2.abs(), tile)

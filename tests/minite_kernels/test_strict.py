@@ -128,7 +128,7 @@ def test_gpu_mode_runs_the_batch_invariant_kernels():
 def test_key_ranges_of_causal_padding_and_broken_masks():
     from minite_kernels.strict import key_ranges
 
-    _, (q, _, _), mask = _padded_batch("cpu", lengths=(3, 5))
+    _, _, mask = _padded_batch("cpu", lengths=(3, 5))
     lo, hi = key_ranges(mask, False, 5, 5, "cpu")
     assert lo.shape == hi.shape == (2, 1, 5)
     # sequence 0 (3 real tokens after 2 pads): pad queries see nothing (0, 0); query t sees [2, t + 1)

@@ -49,7 +49,7 @@ def _tiny(qwen3_tokenizer_dir, recipe, device="cpu", dtype="float32", backend="a
 def test_strict_sampler_equals_learner_and_is_batch_invariant(qwen3_tokenizer_dir, recipe):
     m, tok = _tiny(qwen3_tokenizer_dir, recipe)
     prompts = [tok.encode(t) for t in TEXTS]
-    delta, comps = _gap(m, tok, prompts, strict=True)
+    delta, _ = _gap(m, tok, prompts, strict=True)
     assert bool((delta == 0).all())
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
     with StrictMode(), torch.no_grad():  # a prompt alone decodes to the same tokens and log-prob bits as batched
@@ -79,23 +79,28 @@ def test_embedded_smollm2_nvfp4_gap_is_exactly_zero_in_strict_mode():
     assert bool((strict == 0).all())
 
 
-def test_trainer_strict_run_logs_zero_gap_and_unit_tis(tiny_model_dir, tmp_path):
+def _strict_trainer_run(model_dir, out, device: str, steps: int) -> None:
+    """A short strict ``tis_nvfp4`` run: every step logs a zero gap, and the TIS weights are exactly 1."""
     from trainers.config import load_config
     from trainers.engines.local import run_local
     from trainers.tracking import read_metrics
 
-    out = tmp_path / "run"
-    cfg = load_config([f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "recipe=tis_nvfp4",
-                       "precision.alignment=strict", "model.device=cpu", "rollout.prompts_per_step=2",
-                       "rollout.n=2", "rollout.max_new_tokens=6", "trainer.max_steps=1", "logger.progress=false",
-                       "logger.wandb.mode=disabled", "algorithm.micro_batch_size=2", "data.arithmetic.size=8"])
+    cfg = load_config([f"model.path={model_dir}", f"trainer.output_dir={out}", "recipe=tis_nvfp4",
+                       "precision.alignment=strict", f"model.device={device}", "rollout.prompts_per_step=2",
+                       "rollout.n=2", "rollout.max_new_tokens=6", f"trainer.max_steps={steps}",
+                       "logger.progress=false", "logger.wandb.mode=disabled", "algorithm.micro_batch_size=2",
+                       "data.arithmetic.size=8"])
     run_local(cfg)
-    row = read_metrics(out)[0]
-    assert row["mismatch/abs_gap_mean"] == 0.0
-    # TIS weights exp(old - sampler) are exactly 1 on every token
-    assert row["rollout_corr/rollout_is_min"] == row["rollout_corr/rollout_is_max"] == 1.0
-    assert row["rollout_corr/rollout_is_std"] == 0.0
+    rows = read_metrics(out)
+    assert [r["mismatch/abs_gap_mean"] for r in rows] == [0.0] * steps
+    for row in rows:  # TIS weights exp(old - sampler) are exactly 1 on every token
+        assert row["rollout_corr/rollout_is_min"] == row["rollout_corr/rollout_is_max"] == 1.0
+        assert row["rollout_corr/rollout_is_std"] == 0.0
     assert json.loads((out / "run_meta.json").read_text())["alignment"] == "strict"
+
+
+def test_trainer_strict_run_logs_zero_gap_and_unit_tis(tiny_model_dir, tmp_path):
+    _strict_trainer_run(tiny_model_dir, tmp_path / "run", "cpu", steps=1)
 
 
 def test_strict_is_refused_with_verl_and_other_backends():
@@ -143,6 +148,9 @@ def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float
         alone = [s.generate([p], greedy)[0] for p in prompts]
     assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
     assert [c.logprobs for c in alone] == [c.logprobs for c in batched]
+    if engine == "graph" and device == "cuda":  # strict decode steps replay as CUDA graphs, not eagerly
+        info = s.describe()
+        assert info["decode"] == "cuda_graph" and info["replays"] > 0, info["eager_reason"]
     return m, tok
 
 
@@ -173,16 +181,4 @@ def test_gpu_default_mode_shows_the_gap(qwen3_tokenizer_dir):
 
 @pytest.mark.gpu
 def test_gpu_trainer_strict_run_logs_zero_gap(tiny_model_dir, tmp_path):
-    from trainers.config import load_config
-    from trainers.engines.local import run_local
-    from trainers.tracking import read_metrics
-
-    out = tmp_path / "run"
-    cfg = load_config([f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "recipe=tis_nvfp4",
-                       "precision.alignment=strict", "model.device=cuda", "rollout.prompts_per_step=2",
-                       "rollout.n=2", "rollout.max_new_tokens=6", "trainer.max_steps=2", "logger.progress=false",
-                       "logger.wandb.mode=disabled", "algorithm.micro_batch_size=2", "data.arithmetic.size=8"])
-    run_local(cfg)
-    rows = read_metrics(out)
-    assert [r["mismatch/abs_gap_mean"] for r in rows] == [0.0, 0.0]
-    assert rows[-1]["rollout_corr/rollout_is_min"] == rows[-1]["rollout_corr/rollout_is_max"] == 1.0
+    _strict_trainer_run(tiny_model_dir, tmp_path / "run", "cuda", steps=2)

@@ -168,3 +168,26 @@ def test_time_limit_stops_training_without_failing(tmp_path):
     s = run_study(cfg, say=said.append, train_seconds=0)
     assert s["failed"] == [] and s["stopped"] == ["bf16/seed0", "bf16/seed1"]
     assert [r["complete"] for r in s["runs"]] == [False, False] and not any(m.startswith("start") for m in said)
+
+
+def test_a_run_restarting_from_step_0_drops_the_evals_of_its_previous_execution(tmp_path):
+    """Evals are reused by checkpoint step name, so a run that trains again from scratch (its checkpoints gone,
+    as in a study copied without them) must not keep the old execution's evals; with a checkpoint it resumes and
+    they stay."""
+    from trainers.checkpoint import STATE_FILE
+
+    run = tmp_path / "nvfp4" / "seed0"
+    old = run / "eval" / "step_000020"
+    old.mkdir(parents=True)
+    (old / "results.json").write_text("{}")
+    said: list[str] = []
+    ckpt = run / "checkpoints" / "step_000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text("{}")
+    study._drop_stale_evals(run, "nvfp4/seed0", said.append)
+    assert old.is_dir() and said == []
+    (ckpt / STATE_FILE).unlink()
+    study._drop_stale_evals(run, "nvfp4/seed0", said.append)
+    assert not old.exists()
+    assert said == [("nvfp4/seed0 restarts from step 0 (no checkpoint): dropping the evals of its previous "
+                     "execution (step_000020)")]

@@ -25,8 +25,8 @@ taken after every prefill. When only the quantized forward weights were made afr
 its own weight on the prefill, as every module does without ``ModelWeightSync``, e.g. in an fp32 model), their
 values are copied into the buffers the graphs read and those buffers go back into the modules' caches
 (``stats["refills"]``); when anything else changed (new parameters, another layout, an entry the prefill did
-not refresh) the graphs are re-captured. With the emulated (pure PyTorch) NVFP4 backend, whose quantizer checks values on the host, or
-whenever a capture fails, the step runs eagerly and ``describe()`` says why.
+not refresh) the graphs are re-captured. Whenever a capture fails, the step runs eagerly and
+``describe()`` says why.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from minite_kernels.strict import decode_attention as strict_decode_attention
 from trainers.rollout import attention as attn
 from trainers.rollout.decoder import decode_logits, decoder_view
 from trainers.rollout.fused import functions
-from trainers.rollout.packed import PackedLinears
 from trainers.rollout.local import DRAW, Completion, Sampler, SamplingParams, left_pad
+from trainers.rollout.packed import PackedLinears
 from trainers.rollout.rng import row_uniforms, seed_word
 from trainers.rollout.sampling import process_logits, sample_tokens
 
