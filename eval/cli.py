@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --precision: comma-separated module patterns and block indices kept unquantized, "
                         "e.g. 0,-1 (the first and last block), as the trainer's precision.exclude")
     r.add_argument("--alignment", default="default", choices=("default", "strict"),
-                   help="strict: batch-invariant generation (every reduction in fp64, rounded once; CPU, local engine)")
+                   help="strict: batch-invariant generation (one fixed reduction order: fp64 on CPU, "
+                        "batch-invariant Triton kernels on CUDA; local engine)")
     r.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows of each task")
     r.add_argument("--output-dir", default=None, help="default: outputs/eval/<model>-<time>")
     unstated = "(the report does not state it; library default %(default)s)"

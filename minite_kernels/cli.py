@@ -126,9 +126,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         f"  layer dims: in_features % {k} == 0, out_features % {n} == 0 (else quantize_model keeps it BF16)"
     )
     print(
-        "  alignment: default (each kernel's own reduction order) or strict, CPU: "
-        "`with minite_kernels.strict.StrictMode():` computes every reduction in fp64 and rounds once, so a row's "
-        "bits do not depend on its batch (trainer: precision.alignment=strict; eval: --alignment strict)"
+        "  alignment: default (each kernel's own reduction order) or strict: "
+        "`with minite_kernels.strict.StrictMode():` gives every reduction one fixed order (CPU: fp64 rounded once; "
+        "CUDA: batch-invariant Triton kernels), so a row's bits do not depend on its batch, padding or length, "
+        "and the sampler's log-probs equal the learner's (trainer: precision.alignment=strict; "
+        "eval: --alignment strict)"
     )
     _table(
         "operands (every GEMM is A @ B^T, both quantized along the contraction dim)",
