@@ -8,10 +8,10 @@ IFEval k=4), and the reported spread is the sample standard deviation of the ``k
 from __future__ import annotations
 
 import abc
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from minite_kernels.choices import did_you_mean
 from scoring.math import extract_boxed, final_answer_segment, score_math, to_number
 
 MATH_PROMPT_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -130,9 +130,8 @@ def get_task(name: str) -> Task:
     names = task_names()
     key = name.strip().lower()
     if key not in _REGISTRY:
-        close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown task {name!r}.{hint} Valid tasks: {', '.join(names)}")
+        raise ValueError(f"unknown task {name!r}{did_you_mean(key, names, cutoff=0.5)}; "
+                         f"valid tasks: {', '.join(names)}")
     return _REGISTRY[key]()
 
 

@@ -34,12 +34,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from minite_kernels.choices import did_you_mean
 
 FORMATS = ("bf16", "nvfp4", "mxfp8")
 SCALINGS = {"bf16": ("none",), "nvfp4": ("per_tensor", "per_token"), "mxfp8": ("block",)}
@@ -68,11 +69,10 @@ class RecipeError(ValueError):
     """An unknown or contradictory precision recipe; the message names the field and the valid values."""
 
 
-def _closest(name: str, choices: Iterable[str]) -> str:
+def _valid(name: str, choices: Iterable[str]) -> str:
+    """The tail of an error message: ``valid: a, b; did you mean 'a'?``."""
     choices = list(choices)
-    match = difflib.get_close_matches(name, choices, n=1, cutoff=0.0)
-    hint = f"; closest match: {match[0]!r}" if match else ""
-    return f"valid: {', '.join(choices)}{hint}"
+    return f"valid: {', '.join(choices)}{did_you_mean(name, choices, cutoff=0.0)}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class OperandSpec:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise RecipeError(
-                f"OperandSpec.format={self.format!r} is unknown; {_closest(str(self.format), FORMATS)}"
+                f"OperandSpec.format={self.format!r} is unknown; {_valid(str(self.format), FORMATS)}"
             )
         if self.scaling is None:
             object.__setattr__(self, "scaling", SCALINGS[self.format][0])
@@ -104,7 +104,7 @@ class OperandSpec:
         if self.scaling not in SCALINGS[self.format]:
             raise RecipeError(
                 f"OperandSpec.scaling={self.scaling!r} is invalid for format {self.format!r}; "
-                f"{_closest(str(self.scaling), SCALINGS[self.format])}"
+                f"{_valid(str(self.scaling), SCALINGS[self.format])}"
             )
         if self.tile not in TILES[self.format]:
             raise RecipeError(
@@ -212,12 +212,12 @@ class PrecisionRecipe:
             raise RecipeError("PrecisionRecipe.name must be a non-empty string")
         if self.group not in GROUPS:
             raise RecipeError(
-                f"PrecisionRecipe.group={self.group!r} is unknown; {_closest(str(self.group), GROUPS)}"
+                f"PrecisionRecipe.group={self.group!r} is unknown; {_valid(str(self.group), GROUPS)}"
             )
         if self.backward_operands not in BACKWARD_OPERANDS:
             raise RecipeError(
                 f"PrecisionRecipe.backward_operands={self.backward_operands!r} is unknown; "
-                f"{_closest(str(self.backward_operands), BACKWARD_OPERANDS)}"
+                f"{_valid(str(self.backward_operands), BACKWARD_OPERANDS)}"
             )
         object.__setattr__(self, "requires", tuple(self.requires))
         for gname in GEMMS:
@@ -269,7 +269,7 @@ class PrecisionRecipe:
 
     def gemm(self, name: str) -> GemmSpec:
         if name not in GEMMS:
-            raise RecipeError(f"unknown GEMM {name!r}; {_closest(name, GEMMS)}")
+            raise RecipeError(f"unknown GEMM {name!r}; {_valid(name, GEMMS)}")
         return getattr(self, name)
 
     def feature_alignment(self) -> tuple[int, int]:
@@ -407,7 +407,7 @@ for _r in (
 def list_recipes(group: str | None = None) -> list[PrecisionRecipe]:
     """Registered recipes in registration order, optionally filtered by purpose group."""
     if group is not None and group not in GROUPS:
-        raise RecipeError(f"group={group!r} is unknown; {_closest(group, GROUPS)}")
+        raise RecipeError(f"group={group!r} is unknown; {_valid(group, GROUPS)}")
     return [r for r in _REGISTRY.values() if group is None or r.group == group]
 
 
@@ -440,7 +440,7 @@ def resolve_recipe(
             raise RecipeError(f"recipe must be a name or a PrecisionRecipe, got {type(name).__name__}")
         if name not in _REGISTRY:
             where = f" (from ${ENV_RECIPE})" if source.startswith("env") else ""
-            raise RecipeError(f"unknown precision recipe {name!r}{where}; {_closest(name, _REGISTRY)}")
+            raise RecipeError(f"unknown precision recipe {name!r}{where}; {_valid(name, _REGISTRY)}")
         recipe = _REGISTRY[name]
     if _truthy(env.get(ENV_DISABLE_BACKWARD_QUANT)) and not recipe.backward_bypass:
         recipe = recipe.with_backward_bypass()

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import pathlib
@@ -23,6 +22,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
+
+from minite_kernels.choices import did_you_mean
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = "default"
@@ -237,9 +238,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         choices = typing.get_args(tp)
         if value in choices:
             return value
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}={value!r} is not valid{hint}; valid choices: "
+        raise ConfigError(f"{key}={value!r} is not valid{did_you_mean(value, choices)}; valid choices: "
                           + ", ".join(repr(c) for c in choices))
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -308,11 +307,10 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def _unknown(key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if not close:
+    hint = did_you_mean(key, valid, cutoff=0.5)
+    if not hint:  # the same leaf under another section
         leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in valid if k.rsplit(".", 1)[-1] == leaf][:1]
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(leaf, [k for k in valid if k.rsplit(".", 1)[-1] == leaf], cutoff=0.0)
     return ConfigError(f"unknown config key {key!r}{hint} (list them all with `python -m trainers.grpo --keys`)")
 
 
@@ -394,9 +392,8 @@ def validate(cfg: Config) -> Config:
             break
         valid = ["bf16", "auto"] + [n for n in recipe_names() if n != "bf16"]
         if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"precision.{side}={name!r} is not a precision recipe{hint}; valid choices: "
+            raise ConfigError(f"precision.{side}={name!r} is not a precision recipe{did_you_mean(name, valid)}; "
+                              "valid choices: "
                               + ", ".join(valid))
     if cfg.engine == "local" and cfg.precision.learner != cfg.precision.sampler:
         raise ConfigError(
@@ -481,9 +478,7 @@ def find_recipe(name: str) -> pathlib.Path:
         if q.is_file():
             return q
     valid = list_recipes()
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"unknown recipe {name!r}{hint} Valid recipes: {', '.join(valid) or '(none found)'} "
+    raise ConfigError(f"unknown recipe {name!r}{did_you_mean(name, valid)}; valid recipes: {', '.join(valid) or '(none found)'} "
                       f"(searched {', '.join(str(d) for d in recipe_dirs()) or 'recipes/'})")
 
 

@@ -19,11 +19,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from minite_kernels.choices import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,8 @@ class TriageConfig:
             if key == "_target_":
                 continue
             if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown TriageConfig field {key!r}{hint} Valid fields: {', '.join(names)}")
+                raise ValueError(f"unknown TriageConfig field {key!r}{did_you_mean(key, names)}; "
+                                 f"valid fields: {', '.join(names)}")
             kwargs[key] = value
         return cls(**kwargs)
 

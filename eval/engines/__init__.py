@@ -2,9 +2,10 @@
 precision recipe) and ``vllm``. Chosen by :func:`get_engine`; each imports its heavy dependencies lazily."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any
+
+from minite_kernels.choices import did_you_mean
 
 ENGINES = ("local", "vllm")
 
@@ -46,6 +47,4 @@ def get_engine(name: str, model: str, **kwargs: Any):
         from eval.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_pretrained(model, **kwargs)
-    close = difflib.get_close_matches(name, ENGINES, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown engine {name!r}.{hint} Valid engines: {', '.join(ENGINES)}")
+    raise ValueError(f"unknown engine {name!r}{did_you_mean(name, ENGINES)}; valid engines: {', '.join(ENGINES)}")

@@ -8,13 +8,12 @@ padding), and cut into batches of ``batch_size`` sequences; batch b of a task is
 """
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any
 
 from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
-
+from minite_kernels.choices import did_you_mean
 
 #: ``strict``: every reduction batch-invariant (``minite_kernels.strict``: fp64 rounded once on CPU, fixed-order
 #: Triton kernels on CUDA): a prompt's tokens and log-probs do not depend on its batch or padding
@@ -29,9 +28,8 @@ def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = (), 
 
     names = [r.name for r in list_recipes()]
     if precision not in names:
-        close = difflib.get_close_matches(precision, names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown precision recipe {precision!r}.{hint} Valid: {', '.join(names)}")
+        raise ValueError(f"unknown precision recipe {precision!r}{did_you_mean(precision, names)}; "
+                         f"valid: {', '.join(names)}")
     report = quantize_model(model, precision, exclude=list(exclude) or None, backend=backend)
     return report.to_dict()
 

@@ -8,7 +8,6 @@ Nothing here imports triton, TransformerEngine or FlashInfer until a backend is 
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 from typing import Any
@@ -24,6 +23,7 @@ from minite_kernels.backends.base import (
     dequantize_operand,
     native_fp4_gate,
 )
+from minite_kernels.choices import did_you_mean
 from minite_kernels.recipes import GEMM_OPERANDS, GEMMS, OperandSpec, PrecisionRecipe
 
 __all__ = [
@@ -61,11 +61,8 @@ def _canonical(name: str) -> str:
     key = ALIASES.get(key, key)
     valid = ("auto",) + BACKEND_NAMES
     if key not in valid:
-        match = difflib.get_close_matches(key, valid + tuple(ALIASES), n=1, cutoff=0.0)
-        raise ValueError(
-            f"unknown backend {name!r}; valid: {', '.join(valid)}"
-            + (f"; closest match: {match[0]!r}" if match else "")
-        )
+        raise ValueError(f"unknown backend {name!r}; valid: {', '.join(valid)}"
+                         f"{did_you_mean(key, valid + tuple(ALIASES), cutoff=0.0)}")
     return key
 
 

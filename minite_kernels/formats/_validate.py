@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 
 import torch
+
+from ..choices import did_you_mean
 
 #: Input dtypes the quantizers accept. float64 is rounded to float32 first (the kernels compute in fp32).
 VALID_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_choice(field: str, value: object, choices: Sequence[object]) -> None:
-    """Raise ValueError naming ``field``, the valid ``choices`` and the closest match when ``value`` is not one."""
+    """Raise ValueError naming ``field``, the valid ``choices`` and a close one when ``value`` is not one."""
     if value in choices:
         return
-    hint = ""
-    if isinstance(value, str):
-        close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
-        if close:
-            hint = f" (closest match: {close[0]!r})"
+    hint = did_you_mean(value, choices) if isinstance(value, str) else ""
     raise ValueError(f"{field}={value!r} is not valid; choose one of {list(choices)}{hint}")
 
 

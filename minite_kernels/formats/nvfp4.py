@@ -38,7 +38,7 @@ is not consumed (so a GEMM can pass one generator to both operands and only the 
 
 Bad input. Non-tensor or non-floating dtype -> TypeError naming the dtype and the valid dtypes (float32,
 bfloat16, float16, float64; float64 is rounded to float32 first). Unknown ``scaling``/``tile``/``rounding``
--> ValueError with the valid choices and the closest match. NaN/Inf: a non-finite value poisons its scaling
+-> ValueError with the valid choices and a close one. NaN/Inf: a non-finite value poisons its scaling
 domain (the whole tensor for per_tensor, its row for per_token): that domain's ``amax`` is NaN, its
 ``nonfinite`` flag is True, its scales are the E4M3 NaN (0x7F), its codes are 0, and it dequantizes to NaN.
 Other rows (per_token) are quantized as if the poisoned rows were absent. Never finite garbage.

@@ -8,13 +8,12 @@ native); its output is what the fprop quantizer sees.
 
 from __future__ import annotations
 
-import difflib
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minite_kernels.backends import Backend
+from minite_kernels.choices import did_you_mean
 from minite_kernels.modules.linear import QuantizedLinearMixin, check_features
 from minite_kernels.recipes import PrecisionRecipe
 
@@ -39,11 +38,8 @@ class LayerNormLinear(QuantizedLinearMixin, nn.Module):
     ) -> None:
         super().__init__()
         if normalization not in NORMALIZATIONS:
-            close = difflib.get_close_matches(str(normalization), NORMALIZATIONS, n=1, cutoff=0.0)
-            raise ValueError(
-                f"normalization={normalization!r} is unknown; valid: {', '.join(NORMALIZATIONS)}; "
-                f"closest match: {close[0]!r}"
-            )
+            raise ValueError(f"normalization={normalization!r} is unknown; valid: {', '.join(NORMALIZATIONS)}"
+                             f"{did_you_mean(normalization, NORMALIZATIONS, cutoff=0.0)}")
         self.in_features, self.out_features = in_features, out_features
         self.normalization, self.eps = normalization, eps
         self.zero_centered_gamma, self.return_layernorm_output = zero_centered_gamma, return_layernorm_output

@@ -77,7 +77,7 @@ def test_malformed_predictions_report_the_line(tmp_path, capsys, bad_row, messag
 
 def test_score_unknown_task_and_missing_file(tmp_path, capsys):
     rc, _, err = _score(capsys, "gsm8", str(tmp_path / "x.jsonl"))
-    assert rc == 2 and "Did you mean 'gsm8k'" in err and "Valid tasks: " in err
+    assert rc == 2 and "did you mean 'gsm8k'" in err and "valid tasks: " in err
     rc, _, err = _score(capsys, "gsm8k", str(tmp_path / "missing.jsonl"))
     assert rc == 2 and "missing.jsonl" in err
 

@@ -106,7 +106,7 @@ def test_precision_recipe_is_applied_and_recorded(qwen3_tokenizer_dir, tmp_path)
     res = run_eval(cfg, engine=engine, show_progress=False)
     assert res["protocol"]["precision"] == "nvfp4_per_token"
     assert res["protocol"]["engine"]["quantization"]["recipe"] == "nvfp4_per_token"
-    with pytest.raises(ValueError, match=r"unknown precision recipe 'nvfp4_pertoken'.*Did you mean 'nvfp4_per_token'"):
+    with pytest.raises(ValueError, match=r"unknown precision recipe 'nvfp4_pertoken'.*did you mean 'nvfp4_per_token'"):
         LocalEngine(*tiny_random_qwen3(qwen3_tokenizer_dir), precision="nvfp4_pertoken")
 
 
@@ -146,7 +146,7 @@ def test_strict_alignment_makes_generation_batch_invariant(qwen3_tokenizer_dir, 
 
 
 def test_bad_input_fails_before_loading_a_model(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown task 'mat500'.*Did you mean 'math500'.*Valid tasks"):
+    with pytest.raises(ValueError, match=r"unknown task 'mat500'.*did you mean 'math500'.*valid tasks"):
         RunConfig(model="x", tasks=("mat500",))
     with pytest.raises(ValueError, match="--samples names task 'gsm8k', which is not among"):
         RunConfig(model="x", tasks=("aime24",), samples={"gsm8k": 2})
@@ -159,7 +159,7 @@ def test_bad_input_fails_before_loading_a_model(tmp_path):
     cfg = RunConfig(model="/does/not/exist", tasks=("aime24",), data_dir=str(tmp_path), output_dir=str(tmp_path / "o"))
     with pytest.raises(FileNotFoundError, match="no data file for task 'aime24'"):
         run_eval(cfg, show_progress=False)
-    with pytest.raises(ValueError, match=r"unknown engine 'vlm'.*Did you mean 'vllm'"):
+    with pytest.raises(ValueError, match=r"unknown engine 'vlm'.*did you mean 'vllm'"):
         get_engine("vlm", "x")
 
 

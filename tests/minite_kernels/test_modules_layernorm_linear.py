@@ -83,5 +83,5 @@ def test_backward_reaches_norm_parameters_and_meta():
 
 
 def test_bad_normalization_name():
-    with pytest.raises(ValueError, match="closest match: 'RMSNorm'"):
+    with pytest.raises(ValueError, match="did you mean 'RMSNorm'\\?"):
         LayerNormLinear(32, 32, normalization="RMSnorm")

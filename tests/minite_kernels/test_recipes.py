@@ -88,7 +88,7 @@ def test_bad_operand_spec_names_the_field(kwargs, field):
 def test_unknown_format_lists_valid_values_and_closest():
     with pytest.raises(RecipeError) as e:
         OperandSpec("nvfp3")
-    assert "bf16, nvfp4, mxfp8" in str(e.value) and "closest match: 'nvfp4'" in str(e.value)
+    assert "bf16, nvfp4, mxfp8" in str(e.value) and "did you mean 'nvfp4'?" in str(e.value)
 
 
 NV = OperandSpec("nvfp4")
@@ -123,7 +123,7 @@ def test_contradictory_recipe_names_the_field(gemms, field):
 def test_backward_operands_validation():
     with pytest.raises(RecipeError, match="backward_operands='original'"):
         PrecisionRecipe("bad", dgrad=GemmSpec(NV, NV), backward_operands="original")
-    with pytest.raises(RecipeError, match="closest match: 'dequantized_forward'"):
+    with pytest.raises(RecipeError, match="did you mean 'dequantized_forward'\\?"):
         PrecisionRecipe("bad", backward_operands="dequantised_forward")
     with pytest.raises(RecipeError, match="PrecisionRecipe.group"):
         PrecisionRecipe("bad", group="prod")
@@ -148,7 +148,7 @@ def test_unknown_name_gives_valid_names_and_closest_match():
     with pytest.raises(RecipeError) as e:
         R.get_qlinear_params("nvfp4_per_tokn", env={})
     msg = str(e.value)
-    assert "closest match: 'nvfp4_per_token'" in msg and "w4a16_nvfp4" in msg
+    assert "did you mean 'nvfp4_per_token'?" in msg and "w4a16_nvfp4" in msg
     with pytest.raises(RecipeError, match=r"from \$MINITE_RECIPE"):
         R.get_qlinear_params(None, env={"MINITE_RECIPE": "nvfp5"})
 
@@ -201,7 +201,7 @@ def test_layer_selector_overrides_and_exclusions():
         R.LayerSelector.build("bf16", exclude=[7], num_layers=4, env={})
     with pytest.raises(RecipeError, match="not a valid regex"):
         R.LayerSelector.build("bf16", overrides={"re:(": "bf16"}, env={})
-    with pytest.raises(RecipeError, match="closest match: 'mxfp8'"):
+    with pytest.raises(RecipeError, match="did you mean 'mxfp8'\\?"):
         R.LayerSelector.build("bf16", overrides={"*": "mxfp9"}, env={})
 
 

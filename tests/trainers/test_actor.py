@@ -35,7 +35,7 @@ def test_rollout_is_weights_routes():
 
 
 def test_unknown_loss_mode_lists_registry():
-    with pytest.raises(ValueError, match=r"'trage' is not a registered verl policy loss \(did you mean 'triage'\?\)"):
+    with pytest.raises(ValueError, match=r"'trage' is not a registered verl policy loss; did you mean 'triage'\?"):
         A.policy_loss_fn("trage")
 
 

@@ -48,10 +48,9 @@ def policy_loss_fn(loss_mode: str):
     try:
         return get_policy_loss_fn(loss_mode)
     except ValueError as e:
-        import difflib
+        from minite_kernels.choices import did_you_mean
 
-        close = difflib.get_close_matches(loss_mode, list(POLICY_LOSS_REGISTRY), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(loss_mode, POLICY_LOSS_REGISTRY)
         raise ValueError(f"algorithm.loss_mode={loss_mode!r} is not a registered verl policy loss{hint}; "
                          f"valid choices: {', '.join(sorted(POLICY_LOSS_REGISTRY))}") from e
 
