@@ -34,6 +34,7 @@ from minite_kernels.fileio import atomic_write_json
 from minite_kernels.modules.functional import WeightCache
 from minite_kernels.modules.linear import Linear, check_features
 from minite_kernels.modules.moe import GroupedExperts
+from minite_kernels.options import options
 from minite_kernels.recipes import (
     ENV_DISABLE_BACKWARD_QUANT,
     ENV_RECIPE,
@@ -69,6 +70,8 @@ class QuantizationReport:
     backend: str
     layers: list[LayerEntry] = field(default_factory=list)
     env: dict[str, str | None] = field(default_factory=dict)
+    #: the execution options active when the model was patched (``minite_kernels.options``)
+    options: dict[str, str] = field(default_factory=dict)
     recipe_spec: dict = field(default_factory=dict)
     versions: dict[str, str | None] = field(default_factory=dict)
 
@@ -104,6 +107,7 @@ class QuantizationReport:
             "num_swapped": len(self.swapped),
             "num_skipped": len(self.skipped),
             "env": self.env,
+            "options": self.options,
             "recipe_spec": self.recipe_spec,
             "versions": self.versions,
             "layers": [e.to_dict() for e in self.layers],
@@ -260,6 +264,7 @@ def quantize_model(
         backward_bypass=base.backward_bypass,
         backend=backend,
         env={k: os.environ.get(k) for k in (ENV_RECIPE, ENV_DISABLE_BACKWARD_QUANT)},
+        options=options().to_dict(),
         recipe_spec=base.to_dict(),
         versions=_versions(),
     )

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import cProfile
 import json
-import os
 import pstats
 import sys
 import time
@@ -54,6 +53,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from minite_kernels.options import set_env_option
 
 RECIPES = ("nvfp4_per_token_bf16_bwd", "nvfp4_per_token")
 
@@ -399,13 +400,13 @@ def bench_model(device: torch.device, rounds: int, env_variants: str, sync) -> N
         for r in range(rounds):
             ms["bf16"].append(timed(base))
             for v in values[r % len(values) :] + values[: r % len(values)]:
-                os.environ[var] = v
+                set_env_option(var, v)
                 ms.setdefault(f"nvfp4_per_token_bf16_bwd[{var}={v}]", []).append(timed(m))
         pycalls["bf16"] = calls(base)
         for v in values:
-            os.environ[var] = v
+            set_env_option(var, v)
             pycalls[f"nvfp4_per_token_bf16_bwd[{var}={v}]"] = calls(m)
-    os.environ.pop(var, None)
+    set_env_option(var, None)
     med = {k: statistics.median(v) for k, v in ms.items()}
     rec = {
         "bench": "host_overhead_model",
@@ -487,7 +488,7 @@ def main(argv=None) -> int:
     for case in cases:
         base_case, _, variant = case.partition("[")
         if variant:
-            os.environ[env_name] = variant.rstrip("]").partition("=")[2]
+            set_env_option(env_name, variant.rstrip("]").partition("=")[2])
         layer, backend, ctx = build_case(base_case, device, args.k, args.n, dtype)
         xs = [
             torch.randn(1, args.tokens, args.k, device=device, dtype=dtype, requires_grad=True)

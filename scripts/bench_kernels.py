@@ -23,13 +23,14 @@ import argparse
 import copy
 import gc
 import json
-import os
 import sys
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
+
+from minite_kernels.options import options, set_env_option, set_options
 
 RESULTS: list[dict] = []
 OUT_PATH: str | None = None
@@ -239,7 +240,7 @@ def bench_linear(args):
             )
 
         for mode in ("dequant", "exact", "exact_fused"):
-            os.environ["MINITE_TRITON_GEMM"] = mode
+            set_options(gemm=mode)
             tb._last = None
             qw = tb.quantize(w, spec.b)
             t = bench(fwd)
@@ -277,7 +278,7 @@ def bench_linear(args):
                 qa, qb = qx.exact_operand(), qw.exact_operand()
                 impl = "triton" if mode == "exact_fused" else "cublas"
                 rec[f"gemm_only_{mode}_ms"] = bench(lambda: scaled_mm_nt(qa, qb, qx.amax, qw.amax, impl=impl))
-        os.environ["MINITE_TRITON_GEMM"] = "dequant"
+        set_options(gemm="dequant")
         tb._last = None
         qw = tb.quantize(w, spec.b)
         qw_e = eb.quantize(w, spec.b)
@@ -885,7 +886,7 @@ def _model_interleaved(base, step, args) -> None:
     quantize_model(m, "nvfp4_per_token_bf16_bwd", backend="triton")
     var, _, vals = args.model_variants.partition("=")
     variants = [v for v in vals.split(",") if v]
-    default_val = os.environ.get(var)
+    default = options()
 
     def label(v: str) -> str:
         if var == "MINITE_SAVE_ACTIVATIONS":  # the names earlier results used
@@ -896,20 +897,17 @@ def _model_interleaved(base, step, args) -> None:
     for r in range(args.model_rounds):
         times["bf16"].append(bench(step(base), rep=600, warmup=100))
         for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
-            os.environ[var] = v
+            set_env_option(var, v)
             times.setdefault(label(v), []).append(bench(step(m), rep=600, warmup=100))
     peak_gb = {}
     for case, model, v in [("bf16", base, variants[0])] + [(label(v), m, v) for v in variants]:
-        os.environ[var] = v
+        set_env_option(var, v)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         step(model)()
         torch.cuda.synchronize()
         peak_gb[case] = torch.cuda.max_memory_allocated() / 1e9
-    if default_val is None:
-        os.environ.pop(var, None)
-    else:
-        os.environ[var] = default_val
+    set_options(**default.to_dict())
     ref = statistics.median(times["bf16"])
     for case, ts in times.items():
         med = statistics.median(ts)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import os
 import pstats
 import time
 
@@ -29,6 +28,7 @@ import torch
 
 from minite_kernels.backends.triton import quantize as Q
 from minite_kernels.backends.triton.backend import TritonBackend
+from minite_kernels.options import set_options
 from minite_kernels.recipes import resolve_recipe
 
 
@@ -68,11 +68,11 @@ def main(argv=None) -> int:
     res: dict = {}
     for r in range(args.rounds):
         for mode in ("cached", "jit") if r % 2 == 0 else ("jit", "cached"):
-            os.environ["MINITE_TRITON_LAUNCH"] = mode
+            set_options(launch=mode)
             for name, fn in cases.items():
                 us = per_call_us(fn, n=1000, repeats=3)
                 res.setdefault(mode, {})[name] = min(us, res.get(mode, {}).get(name, float("inf")))
-    os.environ.pop("MINITE_TRITON_LAUNCH")
+    set_options(launch="cached")
     res["jit_over_cached_us"] = {n: res["jit"][n] - res["cached"][n] for n in cases}
     prof = cProfile.Profile()
     prof.enable()

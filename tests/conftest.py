@@ -33,6 +33,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture
+def minite_options():
+    """``set(**changes)``: change minite's process-wide execution options (``minite_kernels.options``) for this
+    test; the previous default comes back after it."""
+    from minite_kernels.options import set_options
+
+    before = []
+
+    def set_(**changes):
+        previous = set_options(**changes)
+        if not before:
+            before.append(previous)
+
+    yield set_
+    if before:
+        set_options(**before[0].to_dict())
+
+
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> pathlib.Path:
     return QWEN3_TOKENIZER_DIR

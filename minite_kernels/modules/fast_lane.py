@@ -27,13 +27,17 @@ from __future__ import annotations
 import torch
 
 from minite_kernels.backends.base import Backend
-from minite_kernels.envswitch import EnvChoice
 from minite_kernels.modules.weight_cache import WeightCache, fprop_weight
+from minite_kernels.options import FIELDS, options
 from minite_kernels.recipes import PrecisionRecipe
 
-LANE_MODES = ("auto", "off")
-#: ``lane_mode()``: ``$MINITE_LINEAR_LANE``, ``auto`` (default: eligible calls take the lane) or ``off``
-lane_mode = EnvChoice("MINITE_LINEAR_LANE", LANE_MODES, default="auto")
+LANE_MODES = FIELDS["lane"][1]
+
+
+def lane_mode() -> str:
+    """``options().lane``: ``auto`` (default: eligible calls take the lane) or ``off``."""
+    return options().lane
+
 
 #: the BF16 per-token kernel's row limit (``quantize.py``: K // 2 <= 8192 words)
 MAX_K = 16384

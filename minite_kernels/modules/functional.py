@@ -45,10 +45,10 @@ from typing import Any
 import torch
 
 from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
-from minite_kernels.envswitch import EnvChoice
 from minite_kernels.modules.fast_lane import call_ok, lane_linear, lane_ok
 from minite_kernels.modules.weight_cache import WeightCache, _Memo, fprop_weight
 from minite_kernels.modules.weight_cache import quantize_operand as _quantize
+from minite_kernels.options import FIELDS, options
 from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
 
 
@@ -263,18 +263,18 @@ def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias:
     return y, qxs
 
 
-SAVE_MODES = ("dequantized", "packed")
-#: ``save_mode()``: ``$MINITE_SAVE_ACTIVATIONS``, what a quantized linear keeps of its quantized input for
-#: backward.
-#:
-#: ``dequantized`` (default): the BF16 dequantized copy, where the backend already made it in the forward
-#: (the Triton backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no
-#: dequantize launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element).
-#: Operands without that copy (the emulated backend's) are saved packed.
-#: ``packed``: the NVFP4 bytes (0.5625 bytes per element), dequantized again in backward.
-#: H200, Qwen3-1.7B shape, seq 4096: step 1.14-1.31x vs 1.28-1.46x BF16 (same-process medians), peak memory
-#: 32.8 vs 30.8 GB (BF16 32.4 GB; benchmarks/RESULTS.md).
-save_mode = EnvChoice("MINITE_SAVE_ACTIVATIONS", SAVE_MODES, default="dequantized")
+SAVE_MODES = FIELDS["save_activations"][1]
+
+
+def save_mode() -> str:
+    """``options().save_activations``: what a quantized linear keeps of its quantized input for backward.
+
+    ``dequantized`` (default): the BF16 dequantized copy, where the backend already made it in the forward (the
+    Triton backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no dequantize
+    launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element). Operands
+    without that copy (the emulated backend's) are saved packed. ``packed``: the NVFP4 bytes (0.5625 bytes per
+    element), dequantized again in backward: less memory, one more launch (``benchmarks/RESULTS.md``)."""
+    return options().save_activations
 
 
 class _QLinearFunction(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """The learner's fast lane (``minite_kernels/modules/fast_lane.py``) gives exactly the generic path's results.
 
 Eligible calls (``nvfp4_per_token_bf16_bwd`` on the Triton backend, BF16 contiguous input) must produce the
-same Y, dX, dW, db bit for bit as ``MINITE_LINEAR_LANE=off``, share the activation quantization of projections
+same Y, dX, dW, db bit for bit as ``Options.lane="off"``, share the activation quantization of projections
 that read one input, and leave every other call to the generic path. The kernels run under Triton's CPU
 interpreter here (a subprocess with ``TRITON_INTERPRET=1``) and compiled on a GPU (``-m gpu``).
 """
@@ -16,6 +16,7 @@ import torch
 from minite_kernels.backends import get_backend
 from minite_kernels.modules import Linear, WeightCache, qlinear
 from minite_kernels.modules.functional import _plan_for
+from minite_kernels.options import Options, use_options
 from minite_kernels.recipes import get_qlinear_params
 
 LANE = "nvfp4_per_token_bf16_bwd"
@@ -55,23 +56,23 @@ def _assert_same(a, b):
             assert torch.equal(u.view(torch.int16), v.view(torch.int16)), (u.float() - v.float()).abs().max()
 
 
-def _lane_equals_generic(device, monkeypatch, **shape):
+def _lane_equals_generic(device, minite_options, **shape):
     from minite_kernels.backends.triton import TritonBackend
 
     x, w, b, dy = _inputs(device, **shape)
     for bias in (b, None):
         for need in [(True, True, True), (True, False, True), (False, True, False)]:
-            monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+            minite_options(lane="auto")
             node, lane = _run(x, w, bias, dy, TritonBackend(device), need)
             assert node == "_LaneFunctionBackward"
-            monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+            minite_options(lane="off")
             node, generic = _run(x, w, bias, dy, TritonBackend(device), need)
             assert node == "_QLinearFunctionBackward"
             _assert_same(lane, generic)
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+    minite_options(lane="auto")
     with torch.no_grad():
         y_lane = qlinear(x, w, b, recipe(LANE), TritonBackend(device), WeightCache())
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+    minite_options(lane="off")
     with torch.no_grad():
         y_generic = qlinear(x, w, b, recipe(LANE), TritonBackend(device), WeightCache())
     _assert_same([y_lane], [y_generic])
@@ -97,13 +98,13 @@ def _lane_quantizer_equals_generic_quantizer(device, k=64):
             assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), name
 
 
-def _shared_input_quantized_once(device, monkeypatch):
+def _shared_input_quantized_once(device, monkeypatch, minite_options):
     """q/k/v-style projections of one input: one activation quantization, and the generic path reuses the
     lane's operand (and the other way round): the cache entry is the same."""
     import minite_kernels.backends.triton.backend as tb
     from minite_kernels.backends.triton import TritonBackend
 
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+    minite_options(lane="auto")
     launches = []
     real = tb.quantize_token_deq_bf16
     monkeypatch.setattr(tb, "quantize_token_deq_bf16", lambda x: launches.append(1) or real(x))
@@ -121,17 +122,17 @@ def _shared_input_quantized_once(device, monkeypatch):
     h = x.detach().requires_grad_(True)
     ys = [layer(h) for layer in layers]
     assert len(launches) == 1
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "off")
+    minite_options(lane="off")
     layers[1](h)  # the generic path finds the lane's operand
     assert len(launches) == 1
     sum(y.float().sum() for y in ys).backward()
     assert h.grad is not None and torch.isfinite(h.grad.float()).all()
 
 
-def _ineligible_calls_take_the_generic_path(device, monkeypatch):
+def _ineligible_calls_take_the_generic_path(device, minite_options):
     from minite_kernels.backends.triton import TritonBackend
 
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "auto")
+    minite_options(lane="auto")
     x, w, b, dy = _inputs(device)
     cases = {
         "fp32 input": {"x": x.float(), "dy": dy.float()},
@@ -144,15 +145,10 @@ def _ineligible_calls_take_the_generic_path(device, monkeypatch):
         args = {"x": x, "w": w, "b": b, "dy": dy} | kw
         node, _ = _run(args["x"], args["w"], args["b"], args["dy"], TritonBackend(device))
         assert node == "_QLinearFunctionBackward", what
-    for var, val in [
-        ("MINITE_TRITON_GEMM", "exact"),
-        ("MINITE_SAVE_ACTIVATIONS", "packed"),
-        ("MINITE_LINEAR_LANE", "off"),
-    ]:
-        monkeypatch.setenv(var, val)
-        node, _ = _run(x, w, b, dy, TritonBackend(device))
-        assert node == "_QLinearFunctionBackward", var
-        monkeypatch.delenv(var)
+    for change in ({"gemm": "exact"}, {"save_activations": "packed"}, {"lane": "off"}):
+        with use_options(**change):
+            node, _ = _run(x, w, b, dy, TritonBackend(device))
+        assert node == "_QLinearFunctionBackward", change
     node, _ = _run(x, w, b, dy, TritonBackend(device), name="nvfp4_per_token")  # NVFP4 backward
     assert node == "_QLinearFunctionBackward"
 
@@ -173,12 +169,9 @@ def test_plan_decides_the_lane_once_per_recipe_and_backend():
     assert not _plan_for(recipe(LANE), get_backend("emulated", "cpu"), WeightCache()).lane
 
 
-def test_invalid_lane_mode_names_the_choices(monkeypatch):
-    from minite_kernels.modules.fast_lane import lane_mode
-
-    monkeypatch.setenv("MINITE_LINEAR_LANE", "on")
-    with pytest.raises(ValueError, match=r"MINITE_LINEAR_LANE='on'.*\['auto', 'off'\]"):
-        lane_mode()
+def test_invalid_lane_mode_names_the_choices():
+    with pytest.raises(ValueError, match=r"MINITE_LINEAR_LANE='on' is not valid; valid: auto, off"):
+        Options.from_env({"MINITE_LINEAR_LANE": "on"})
 
 
 # --- Triton's CPU interpreter -----------------------------------------------------------------------------------
@@ -187,8 +180,8 @@ def test_fast_lane_under_interpreter_in_subprocess(run_interp_tests):
 
 
 @_interp_only
-def test_interp_lane_equals_generic_bitwise(monkeypatch):
-    _lane_equals_generic("cpu", monkeypatch)
+def test_interp_lane_equals_generic_bitwise(minite_options):
+    _lane_equals_generic("cpu", minite_options)
 
 
 @_interp_only
@@ -197,21 +190,21 @@ def test_interp_lane_quantizer_equals_generic_quantizer():
 
 
 @_interp_only
-def test_interp_shared_input_is_quantized_once(monkeypatch):
-    _shared_input_quantized_once("cpu", monkeypatch)
+def test_interp_shared_input_is_quantized_once(monkeypatch, minite_options):
+    _shared_input_quantized_once("cpu", monkeypatch, minite_options)
 
 
 @_interp_only
-def test_interp_ineligible_calls_take_the_generic_path(monkeypatch):
-    _ineligible_calls_take_the_generic_path("cpu", monkeypatch)
+def test_interp_ineligible_calls_take_the_generic_path(minite_options):
+    _ineligible_calls_take_the_generic_path("cpu", minite_options)
 
 
 # --- compiled kernels on a GPU --------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_lane_equals_generic_bitwise(monkeypatch):
+def test_gpu_lane_equals_generic_bitwise(monkeypatch, minite_options):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _lane_quantizer_equals_generic_quantizer("cuda", k=2048)
-    _lane_equals_generic("cuda", monkeypatch, m=4096, k=2048, n=1024)
-    _shared_input_quantized_once("cuda", monkeypatch)
-    _ineligible_calls_take_the_generic_path("cuda", monkeypatch)
+    _lane_equals_generic("cuda", minite_options, m=4096, k=2048, n=1024)
+    _shared_input_quantized_once("cuda", monkeypatch, minite_options)
+    _ineligible_calls_take_the_generic_path("cuda", minite_options)

@@ -21,6 +21,7 @@ from minite_kernels.backends.base import Backend
 from minite_kernels.formats import apply_rht, inverse_rht, rht_matrix
 from minite_kernels.modules import Linear, WeightCache, qlinear
 from minite_kernels.modules.functional import _Plan
+from minite_kernels.options import Options, use_options
 from minite_kernels.recipes import get_qlinear_params, recipe_names
 
 ALL = [n for n in recipe_names() if n != "bf16"]
@@ -256,22 +257,19 @@ def test_apply_rht_uses_a_cached_matrix_that_callers_cannot_disturb():
     assert torch.allclose(inverse_rht(y), x.bfloat16().float(), atol=0.05)
 
 
-def test_gemm_mode_follows_the_environment(monkeypatch):
+def test_gemm_mode_follows_the_options(minite_options):
     pytest.importorskip("triton", reason="triton is not installed")
     from minite_kernels.backends.triton.backend import gemm_mode
 
-    monkeypatch.delenv("MINITE_TRITON_GEMM", raising=False)
     assert gemm_mode() == "dequant"
-    monkeypatch.setenv("MINITE_TRITON_GEMM", " Exact ")
-    assert gemm_mode() == "exact" and gemm_mode() == "exact"
-    monkeypatch.setenv("MINITE_TRITON_GEMM", "exact_fused")
-    assert gemm_mode() == "exact_fused"
-    monkeypatch.setenv("MINITE_TRITON_GEMM", "fast")
-    for _ in range(2):  # an invalid value raises on every call, it is never remembered
-        with pytest.raises(ValueError, match="MINITE_TRITON_GEMM='fast' is not valid"):
-            gemm_mode()
-    monkeypatch.delenv("MINITE_TRITON_GEMM")
-    assert gemm_mode() == "dequant"
+    minite_options(gemm="exact")
+    assert gemm_mode() == "exact"
+    with use_options(gemm="exact_fused"):
+        assert gemm_mode() == "exact_fused"
+    assert gemm_mode() == "exact"
+    with pytest.raises(ValueError, match="Options.gemm='fast' is not valid"):
+        minite_options(gemm="fast")
+    assert gemm_mode() == "exact"  # a refused change changes nothing
 
 
 # --- the Triton backend's plumbing, with its kernels run by Triton's CPU interpreter -------------------------
@@ -293,10 +291,10 @@ def test_triton_plumbing_under_interpreter_in_subprocess(run_interp_tests):
         ("w4a16_nvfp4", "exact"),
     ],
 )
-def test_interp_triton_dense_equals_generic(name, mode, monkeypatch):
+def test_interp_triton_dense_equals_generic(name, mode, minite_options):
     from minite_kernels.backends.triton import TritonBackend
 
-    monkeypatch.setenv("MINITE_TRITON_GEMM", mode)
+    minite_options(gemm=mode)
     x, w, b, dy = _inputs(torch.bfloat16, seed=3)
     tb = TritonBackend("cpu")
     dense = _run(x, w, b, dy, recipe(name), tb, grouped=False)
@@ -310,8 +308,8 @@ def test_interp_triton_dense_equals_generic(name, mode, monkeypatch):
 
 
 @_interp_only
-def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(monkeypatch):
-    """MINITE_SAVE_ACTIVATIONS=dequantized saves the forward's BF16 ``deq`` (1 tensor) instead of the packed
+def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(minite_options):
+    """``save_activations="dequantized"`` saves the forward's BF16 ``deq`` (1 tensor) instead of the packed
     operand (data, scales, amax, nonfinite: 4 tensors); gradients are bit-identical (deq is bit-equal to
     dequantizing the bytes)."""
     from minite_kernels.backends.triton import TritonBackend
@@ -320,7 +318,7 @@ def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(monkeypatc
     r = recipe("nvfp4_per_token_bf16_bwd")
     results, saved = {}, {}
     for mode in ("packed", "dequantized"):
-        monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", mode)
+        minite_options(save_activations=mode)
         shapes = []
 
         def pack(t, shapes=shapes):
@@ -337,11 +335,7 @@ def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(monkeypatc
     assert sorted(saved["dequantized"]) == sorted([((M, K), torch.bfloat16), ((N, K), torch.bfloat16)])
 
 
-def test_save_mode_rejects_unknown_values(monkeypatch):
-    from minite_kernels.modules.functional import save_mode
-
-    monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8'.*\['dequantized', 'packed'\]"):
-        save_mode()
-    monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", " Dequantized")
-    assert save_mode() == "dequantized"
+def test_save_mode_rejects_unknown_values():
+    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8' is not valid; valid: dequantized, packed"):
+        Options.from_env({"MINITE_SAVE_ACTIVATIONS": "fp8"})
+    assert Options.from_env({"MINITE_SAVE_ACTIVATIONS": " Dequantized"}).save_activations == "dequantized"

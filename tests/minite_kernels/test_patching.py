@@ -274,9 +274,9 @@ _GEMM_MODE_COSINE_FLOOR = {"exact": 0.995, "dequant": 0.995}
 @pytest.mark.gpu
 @pytest.mark.parametrize("gemm_mode", sorted(_GEMM_MODE_COSINE_FLOOR))
 @pytest.mark.parametrize("name", ["nvfp4_per_token", "nvfp4_per_token_bf16_bwd", "w4a16_nvfp4"])
-def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name, gemm_mode, monkeypatch):
+def test_auto_backend_on_gpu_matches_emulated(base_model, ids, name, gemm_mode, minite_options):
     # on the H200 "auto" routes NVFP4 GEMMs to the Triton backend; it must agree with the emulated reference
-    monkeypatch.setenv("MINITE_TRITON_GEMM", gemm_mode)
+    minite_options(gemm=gemm_mode)
     outs = []
     for backend in ("emulated", "auto"):
         model = copy.deepcopy(base_model).cuda().to(torch.bfloat16)

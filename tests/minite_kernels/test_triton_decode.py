@@ -14,6 +14,8 @@ import os
 import pytest
 import torch
 
+from minite_kernels.options import Options, use_options
+
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
 _IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -259,7 +261,6 @@ def _check_backend_routing() -> None:
         quantize_nvfp4(x.cpu(), scaling="per_token").dequantize().double()
         @ quantize_nvfp4(w.cpu(), tile=(16, 16)).dequantize().double().t()
     )
-    os.environ.pop("MINITE_TRITON_DECODE", None)
     assert tk.decode_mode() == "auto"  # the default
     qx = backend.quantize(x, spec.a)
     assert qx.qs_decode is not None and qx.deq is None  # decode-sized: the codes as the pair kernel's words
@@ -292,27 +293,23 @@ def _check_backend_routing() -> None:
         assert pdl_mode() == "off"  # the default
         backend.clear_cache()  # programmatic dependent launch (sm_90+) against none: the same bits
         y_nopdl = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
-        os.environ["MINITE_TRITON_PDL"] = "on"
         backend.clear_cache()
-        assert torch.equal(
-            backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32), y_nopdl
-        )
-        os.environ["MINITE_TRITON_PDL"] = "never"
-        with pytest.raises(ValueError, match="MINITE_TRITON_PDL.*off.*on"):
-            pdl_mode()
-        os.environ.pop("MINITE_TRITON_PDL")
-        os.environ["MINITE_TRITON_DECODE"] = "off"
-        backend.clear_cache()
-        assert backend.quantize(x, spec.a).qs_decode is None
-        backend.clear_cache()
-        y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+        with use_options(pdl="on"):
+            assert torch.equal(
+                backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32), y_nopdl
+            )
+        with pytest.raises(ValueError, match="MINITE_TRITON_PDL='never' is not valid; valid: off, on"):
+            Options.from_env({"MINITE_TRITON_PDL": "never"})
+        with use_options(decode="off"):
+            backend.clear_cache()
+            assert backend.quantize(x, spec.a).qs_decode is None
+            backend.clear_cache()
+            y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
         assert _rel(ref, y_off) < 1e-5
-        os.environ["MINITE_TRITON_DECODE"] = "sometimes"
-        with pytest.raises(ValueError, match="MINITE_TRITON_DECODE.*auto.*off"):
-            tk.decode_mode()
+        with pytest.raises(ValueError, match="MINITE_TRITON_DECODE='sometimes' is not valid; valid: auto, off"):
+            Options.from_env({"MINITE_TRITON_DECODE": "sometimes"})
     finally:
-        os.environ.pop("MINITE_TRITON_DECODE", None)
-        os.environ.pop("MINITE_TRITON_PDL", None)
+        backend.clear_cache()
 
 
 def _check_bad_input() -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minite_kernels.options import options, use_options
+
 pytestmark = pytest.mark.gpu
 
 triton = pytest.importorskip("triton")
@@ -157,11 +159,11 @@ def _check_gemm(y, ref, out_dtype, fused=False):
 @pytest.mark.parametrize("mode", ["dequant", "exact", "exact_fused"])
 @pytest.mark.parametrize("recipe", ["nvfp4_per_token", "nvfp4_per_tensor"])
 @pytest.mark.parametrize("gemm", ["fprop", "dgrad", "wgrad"])
-def test_qgemm_matches_emulated(mode, recipe, gemm, monkeypatch):
+def test_qgemm_matches_emulated(mode, recipe, gemm, minite_options):
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.recipes import get_qlinear_params
 
-    monkeypatch.setenv("MINITE_TRITON_GEMM", mode)
+    minite_options(gemm=mode)
     spec = get_qlinear_params(recipe).gemm(gemm)
     m, n, k = 384, 320, 512
     a = _heavy(m, k, seed=1)
@@ -300,7 +302,7 @@ def test_linear_module_triton_matches_emulated(recipe):
     assert _rel_l2(lin_e.weight.grad.float(), lin_t.weight.grad.float()) < 1e-2
 
 
-def test_save_dequantized_activations_gives_identical_gradients(monkeypatch):
+def test_save_dequantized_activations_gives_identical_gradients(minite_options):
     """MINITE_SAVE_ACTIVATIONS=dequantized keeps the forward's BF16 deq for backward: same bits as
     re-dequantizing the packed bytes, so y, dx, dw, db are bit-identical to the default."""
     from minite_kernels.modules import Linear
@@ -319,7 +321,7 @@ def test_save_dequantized_activations_gives_identical_gradients(monkeypatch):
     dy = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
     out = {}
     for mode in ("packed", "dequantized"):
-        monkeypatch.setenv("MINITE_SAVE_ACTIVATIONS", mode)
+        minite_options(save_activations=mode)
         lin.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
         y = lin(xi)
@@ -454,10 +456,10 @@ def test_grouped_weight_sync_qwen3_shapes_match_reference(chunk_bytes):
 def test_cached_launches_pick_jit_kernel_and_give_reference_bytes(per_token, tile16, monkeypatch):
     """Every BF16 quantize launch through the cached launcher (``launcher.py``) uses the compiled kernel
     ``JITFunction.run`` would pick (``verify``), across aligned and misaligned inputs and row strides, and
-    the bytes equal the reference's and the ``MINITE_TRITON_LAUNCH=jit`` launch's."""
+    the bytes equal the reference's and the ``launch="jit"`` launch's."""
     from minite_kernels.backends.triton import quantize as q
 
-    monkeypatch.delenv("MINITE_TRITON_LAUNCH", raising=False)
+    assert options().launch == "cached"
     launchers = q._launchers()
     for lau in launchers:
         monkeypatch.setattr(lau, "verify", True)
@@ -472,11 +474,10 @@ def test_cached_launches_pick_jit_kernel_and_give_reference_bytes(per_token, til
             x, scaling="per_token" if per_token else "per_tensor", tile=(16, 16) if tile16 else (1, 16)
         )
         _assert_same_bytes(d, s, a, ref)
-        monkeypatch.setenv("MINITE_TRITON_LAUNCH", "jit")
-        dj, sj, _aj, _nf, _q, deqj = q.quantize_nvfp4_triton(
-            x, per_token=per_token, tile16=tile16, write_deq=True
-        )
-        monkeypatch.delenv("MINITE_TRITON_LAUNCH")
+        with use_options(launch="jit"):
+            dj, sj, _aj, _nf, _q, deqj = q.quantize_nvfp4_triton(
+                x, per_token=per_token, tile16=tile16, write_deq=True
+            )
         assert torch.equal(d, dj) and torch.equal(s.view(torch.uint8), sj.view(torch.uint8))
         assert torch.equal(deq.view(torch.int16), deqj.view(torch.int16))
     assert sum(lau.direct_launches for lau in launchers) > before

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minite_kernels.options import Options, options
+
 triton = pytest.importorskip("triton")
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,12 +88,12 @@ class _FakeJit:
 
 
 @pytest.fixture
-def fake(monkeypatch):
+def fake():
     fn = _FakeJit()
     lau = L.CachedLauncher(fn)
     lau._enabled = True  # the fake is not a JITFunction
     lau._device, lau._stream = (lambda: 0), (lambda dev: 1234)
-    monkeypatch.delenv("MINITE_TRITON_LAUNCH", raising=False)
+    assert options().launch == "cached"
     return fn, lau
 
 
@@ -118,13 +120,13 @@ def test_a_new_specialization_goes_through_jit(fake):
     assert lau.jit_launches == 5 and lau.direct_launches == 0 and len(fn.compiled) == 5
 
 
-def test_jit_mode_hooks_and_unkeyed_args_bypass_the_cache(fake, monkeypatch):
+def test_jit_mode_hooks_and_unkeyed_args_bypass_the_cache(fake, minite_options):
     fn, lau = fake
     x = torch.zeros(64, dtype=torch.int32)
     lau((1,), x, 32, BLOCK=8)
-    monkeypatch.setenv("MINITE_TRITON_LAUNCH", "jit")
+    minite_options(launch="jit")
     lau((1,), x, 32, BLOCK=8)
-    monkeypatch.setenv("MINITE_TRITON_LAUNCH", "cached")
+    minite_options(launch="cached")
     fn.pre_run_hooks.append(lambda *a, **k: None)
     lau((1,), x, 32, BLOCK=8)
     fn.pre_run_hooks.clear()
@@ -154,7 +156,6 @@ def test_launch_hooks_bypass_the_cache(fake, monkeypatch):
     assert lau.jit_launches == 2 and lau.direct_launches == 0
 
 
-def test_invalid_launch_mode_names_the_choices(monkeypatch):
-    monkeypatch.setenv("MINITE_TRITON_LAUNCH", "fast")
-    with pytest.raises(ValueError, match="cached.*jit"):
-        L.launch_mode()
+def test_invalid_launch_mode_names_the_choices():
+    with pytest.raises(ValueError, match="MINITE_TRITON_LAUNCH='fast' is not valid; valid: cached, jit"):
+        Options.from_env({"MINITE_TRITON_LAUNCH": "fast"})

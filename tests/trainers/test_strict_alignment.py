@@ -37,8 +37,8 @@ def _gap(model, tok, prompts, strict: bool, new_tokens: int = 12, engine: str = 
 def _tiny(qwen3_tokenizer_dir, recipe, device="cpu", dtype="float32", backend="auto", **overrides):
     from trainers.models import tiny_random_qwen3
 
-    m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, hidden_size=128, intermediate_size=256,
-                               num_hidden_layers=3, dtype=dtype, **overrides)
+    shape = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3} | overrides
+    m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, dtype=dtype, **shape)
     m.to(device)
     if recipe != "bf16":
         quantize_model(m, recipe, backend=backend)
@@ -117,11 +117,11 @@ def test_strict_is_refused_with_verl_and_other_backends():
 
 # ---------------------------------------------------------------------- the batch-invariant kernels (CUDA's way)
 def _small_vocab(tok_dir, recipe, device):
-    """The tiny model with a 256-token vocabulary and a stand-in tokenizer (pad 0, EOS 1), and prompts of mixed
-    lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite."""
+    """The tiny model with one block, a 256-token vocabulary and a stand-in tokenizer (pad 0, EOS 1), and prompts
+    of mixed lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite."""
     from types import SimpleNamespace
 
-    m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1)
+    m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1, num_hidden_layers=1)
     m.generation_config.eos_token_id = 1
     if recipe != "bf16":
         quantize_model(m, recipe, backend="emulated")

@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from minite_kernels.envswitch import EnvChoice
+from minite_kernels.options import FIELDS, options
 
 #: fp32 constants used by the kernels (the same values the reference ``minite_kernels.formats`` uses)
 FLT_MAX = 3.4028234663852886e38
@@ -28,12 +28,16 @@ def kernel_device_ok(x: torch.Tensor) -> bool:
     return x.is_cuda or (interpret_mode() and x.device.type == "cpu")
 
 
-PDL_MODES = ("off", "on")
-#: ``pdl_mode()``: ``$MINITE_TRITON_PDL``, ``off`` (default) or ``on``. ``on`` launches the decode path's
-#: kernels with programmatic dependent launch where the GPU has it (sm_90+; not under the interpreter). Off
-#: by default: on the H200 it helps only while a block's packed weights fit the L2, and costs time once they
-#: come from HBM, as they do in a real model (benchmarks/RESULTS.md, issue #6)
-pdl_mode = EnvChoice("MINITE_TRITON_PDL", PDL_MODES, default="off")
+PDL_MODES = FIELDS["pdl"][1]
+
+
+def pdl_mode() -> str:
+    """``options().pdl``: ``on`` launches the decode path's kernels with programmatic dependent launch where the
+    GPU has it (sm_90+; not under the interpreter). Off by default: on the H200 it helps only while a block's
+    packed weights fit the L2, and costs time once they come from HBM, as they do in a real model."""
+    return options().pdl
+
+
 _PDL_CAPABLE: dict[int, bool] = {}
 
 

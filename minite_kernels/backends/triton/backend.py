@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from minite_kernels.backends.base import Backend, QuantizedOperand, capability_str, cuda_capability
-from minite_kernels.envswitch import EnvChoice
 from minite_kernels.formats import NVFP4Tensor
+from minite_kernels.options import FIELDS, options
 from minite_kernels.recipes import OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
@@ -57,8 +57,8 @@ from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-GEMM_MODES = ("dequant", "exact", "exact_fused")
-DECODE_MODES = ("auto", "off")
+GEMM_MODES = FIELDS["gemm"][1]
+DECODE_MODES = FIELDS["decode"][1]
 #: up to this many rows the pair kernel beats cuBLAS BF16 on the H200 (a Qwen3-4B block with its activation
 #: quantization, weights from HBM; the timings are in benchmarks/RESULTS.md, issue #6)
 DECODE_MAX_ROWS = 4
@@ -67,14 +67,16 @@ DECODE_MAX_ROWS = 4
 PAIR_KERNEL_OK = torch.version.hip is None
 
 
-#: ``gemm_mode()``: ``$MINITE_TRITON_GEMM`` (read on every call, so it can change at run time)
-gemm_mode = EnvChoice("MINITE_TRITON_GEMM", GEMM_MODES, default="dequant")
+def gemm_mode() -> str:
+    """``options().gemm``: the NVFP4 GEMM formulation (:mod:`minite_kernels.options`)."""
+    return options().gemm
 
 
-#: ``decode_mode()``: ``$MINITE_TRITON_DECODE``, ``auto`` (default) or ``off``. ``auto`` runs GEMMs of at most
-#: DECODE_MAX_ROWS activation rows on the packed pair kernel (faster than cuBLAS BF16 there, and than the
-#: dequantized-weight GEMM it replaces, which reads the 16-bit weight copy); ``off`` keeps them on that GEMM.
-decode_mode = EnvChoice("MINITE_TRITON_DECODE", DECODE_MODES, default="auto")
+def decode_mode() -> str:
+    """``options().decode``: ``auto`` runs GEMMs of at most DECODE_MAX_ROWS activation rows on the packed pair
+    kernel (faster than cuBLAS BF16 there, and than the dequantized-weight GEMM it replaces, which reads the
+    16-bit weight copy); ``off`` keeps them on that GEMM."""
+    return options().decode
 
 
 @dataclass(repr=False)
@@ -222,7 +224,7 @@ class TritonBackend(Backend):
             return False, f"triton: NVFP4 GEMMs only ({a_spec.summary()} x {b_spec.summary()})"
         return True, (
             f"triton: {a_spec.summary()} x {b_spec.summary()} on BF16 tensor cores (FP32 accumulate; "
-            f"MINITE_TRITON_GEMM={mode})"
+            f"gemm={mode})"
         )
 
     # --- hooks -----------------------------------------------------------------------------------

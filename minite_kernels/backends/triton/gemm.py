@@ -22,11 +22,11 @@ Triton kernel: relative L2 error <= 1e-5.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from minite_kernels.options import options
 
 from ._common import INV_2688_SQ, interpret_mode
 
@@ -143,8 +143,8 @@ def _scale_epilogue_kernel(
 
 
 def gemm_impl() -> str:
-    """``triton`` when ``MINITE_TRITON_GEMM=exact_fused``, else ``cublas``."""
-    return "triton" if os.environ.get("MINITE_TRITON_GEMM", "").strip().lower() == "exact_fused" else "cublas"
+    """``triton`` when ``options().gemm == "exact_fused"``, else ``cublas``."""
+    return "triton" if options().gemm == "exact_fused" else "cublas"
 
 
 def scaled_mm_nt(

@@ -28,14 +28,18 @@ from __future__ import annotations
 import torch
 import triton
 
-from minite_kernels.envswitch import EnvChoice
+from minite_kernels.options import FIELDS, options
 
 #: Triton releases whose ``JITFunction.run`` / ``CompiledKernel.run`` calling convention and argument
 #: specialization rules this module reproduces (read from their sources, checked by the tests)
 VERIFIED_TRITON = ("3.6",)
-LAUNCH_MODES = ("cached", "jit")
-#: ``launch_mode()``: ``$MINITE_TRITON_LAUNCH``, ``cached`` (default) or ``jit`` (always ``JITFunction.run``)
-launch_mode = EnvChoice("MINITE_TRITON_LAUNCH", LAUNCH_MODES, default="cached")
+LAUNCH_MODES = FIELDS["launch"][1]
+
+
+def launch_mode() -> str:
+    """``options().launch``: ``cached`` (default) or ``jit`` (always ``JITFunction.run``)."""
+    return options().launch
+
 
 _I32 = 2**31
 _U63 = 2**63

@@ -1,0 +1,131 @@
+"""The kernels' execution options: one frozen object, read from the environment once.
+
+Which code path a quantized linear takes, beyond its precision recipe, is set here and nowhere else:
+
+=================  ======================  =============================================================
+field              environment default     values (first: default)
+=================  ======================  =============================================================
+gemm               MINITE_TRITON_GEMM      dequant | exact | exact_fused   (Triton NVFP4 GEMM formulation)
+decode             MINITE_TRITON_DECODE    auto | off       (packed pair kernel for <= 4-row GEMMs)
+launch             MINITE_TRITON_LAUNCH    cached | jit     (host launcher of the Triton kernels)
+pdl                MINITE_TRITON_PDL       off | on         (programmatic dependent launch, sm_90+)
+lane               MINITE_LINEAR_LANE      auto | off       (the dense linear's low-overhead autograd lane)
+save_activations   MINITE_SAVE_ACTIVATIONS dequantized | packed (what backward keeps of a quantized input)
+=================  ======================  =============================================================
+
+The process default comes from those variables when ``minite_kernels.options`` is first imported
+(:meth:`Options.from_env`); later changes to ``os.environ`` are not seen. Change it in code instead:
+
+    from minite_kernels.options import options, set_options, use_options
+    with use_options(gemm="exact"):      # this block only (and the threads/tasks it starts under contextvars)
+        y = model(x)
+    set_options(decode="off")            # the process default from now on
+    options().to_dict()                  # {"gemm": "dequant", "decode": "off", ...}: recorded in run metadata
+
+Every path gives the same values where the formats are exact (the tests compare them); the options trade speed
+and memory only, except ``gemm``, whose ``exact*`` formulations round differently from ``dequant``.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from minite_kernels.choices import did_you_mean
+
+#: field -> (environment variable, valid values with the default first)
+FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gemm": ("MINITE_TRITON_GEMM", ("dequant", "exact", "exact_fused")),
+    "decode": ("MINITE_TRITON_DECODE", ("auto", "off")),
+    "launch": ("MINITE_TRITON_LAUNCH", ("cached", "jit")),
+    "pdl": ("MINITE_TRITON_PDL", ("off", "on")),
+    "lane": ("MINITE_LINEAR_LANE", ("auto", "off")),
+    "save_activations": ("MINITE_SAVE_ACTIVATIONS", ("dequantized", "packed")),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """One set of execution options (see the module docstring); validated on construction."""
+
+    gemm: str = "dequant"
+    decode: str = "auto"
+    launch: str = "cached"
+    pdl: str = "off"
+    lane: str = "auto"
+    save_activations: str = "dequantized"
+
+    def __post_init__(self) -> None:
+        for name, (_, valid) in FIELDS.items():
+            value = getattr(self, name)
+            if value not in valid:
+                raise ValueError(f"Options.{name}={value!r} is not valid{did_you_mean(value, valid)}; "
+                                 f"valid: {', '.join(valid)}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Options:
+        """The options the ``MINITE_*`` variables of ``environ`` (default ``os.environ``) ask for; values are
+        stripped and lower-cased, an unset variable means the default, a bad value raises naming the variable."""
+        env = os.environ if environ is None else environ
+        kw = {}
+        for name, (var, valid) in FIELDS.items():
+            if var in env:
+                value = env[var].strip().lower()
+                if value not in valid:
+                    raise ValueError(f"{var}={env[var]!r} is not valid{did_you_mean(value, valid)}; "
+                                     f"valid: {', '.join(valid)}")
+                kw[name] = value
+        return cls(**kw)
+
+    def replace(self, **changes: str) -> Options:
+        unknown = [k for k in changes if k not in FIELDS]
+        if unknown:
+            raise TypeError(f"unknown option {unknown[0]!r}{did_you_mean(unknown[0], FIELDS)}; "
+                            f"valid: {', '.join(FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+#: environment variable -> field (benchmarks name their variants by the variable)
+ENV_FIELDS = {var: name for name, (var, _) in FIELDS.items()}
+
+_default = Options.from_env()
+_scoped: contextvars.ContextVar[Options | None] = contextvars.ContextVar("minite_options", default=None)
+
+
+def options() -> Options:
+    """The active options: the innermost :func:`use_options`, else the process default."""
+    scoped = _scoped.get()
+    return _default if scoped is None else scoped
+
+
+def set_options(**changes: str) -> Options:
+    """Change the process default (fields not named keep their value); returns the previous default."""
+    global _default
+    previous, _default = _default, _default.replace(**changes)
+    return previous
+
+
+def set_env_option(var: str, value: str | None) -> Options:
+    """``set_options`` by environment variable name (``value`` None: the field's default); for benchmarks that
+    compare the values of one variable. Returns the previous default."""
+    if var not in ENV_FIELDS:
+        raise ValueError(f"{var!r} is not a minite option variable{did_you_mean(var, ENV_FIELDS)}; "
+                         f"valid: {', '.join(ENV_FIELDS)}")
+    name = ENV_FIELDS[var]
+    return set_options(**{name: FIELDS[name][1][0] if value is None else value.strip().lower()})
+
+
+@contextlib.contextmanager
+def use_options(**changes: str) -> Iterator[Options]:
+    """Run a block under the active options with ``changes``."""
+    token = _scoped.set(options().replace(**changes))
+    try:
+        yield options()
+    finally:
+        _scoped.reset(token)
