@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="torch device (default: current CUDA device, else cpu)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_doctor)
-    s = sub.add_parser("align", help="sampler vs learner execution gap by layer, default and strict mode (CPU)")
+    s = sub.add_parser("align", help="sampler vs learner execution gap by layer, default and strict mode (runs on CPU)")
     s.add_argument("--model", default="smollm2-135m-instruct", help="HF model dir (or the embedded default)")
     s.add_argument("--recipe", default="nvfp4_per_token_bf16_bwd")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable; default: three short ones)")
