@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The learning study (issue #22) on a lent H200, over consecutive device calls of at most 10 minutes; the machine
 # keeps /tmp while it is warm (30 s after a call), so the calls must follow each other at once:
-#   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part aa, engine GPU tests   (carry .whl .carry/gguf.aa)
+#   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part aa, engine and kernel GPU tests
+#                                       # (carry .whl .carry/gguf.aa)
 #   bash scripts/h200_study.sh carry2   # GGUF part ab, compile_op GPU test, HF static-cache NVFP4 bench, strict-mode
 #                                       # GPU tests and cost (.carry/gguf.ab)
 #   bash scripts/h200_study.sh study    # GGUF part ac if new, assemble, run/resume the study    (carry .carry/gguf.ac)
@@ -26,6 +27,11 @@ carry1)
 math_verify, gguf; import ray; print('imports ok', ray.__file__)"
     [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu \
         -k "nvfp4 or weight_update" -q -p no:cacheprovider -rfE
+    # the kernels' GPU tests that switch execution options (minite_kernels.options) or cover the decode factor
+    [ "${SKIP_KERNEL_TESTS:-0}" = 1 ] || step kernel_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        -rfE tests/minite_kernels/test_triton_kernels.py tests/minite_kernels/test_triton_decode.py \
+        tests/minite_kernels/test_fast_lane.py tests/minite_kernels/test_patching.py \
+        tests/minite_kernels/test_triton_launcher.py tests/minite_kernels/test_host_overhead.py
     ;;
 carry2)
     # issue #19 checks that fit the wait for the last GGUF part: torch.compile's cudagraph trees around the NVFP4

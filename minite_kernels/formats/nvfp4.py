@@ -12,7 +12,9 @@ round-to-nearest, ``fl(c)`` = the fp32 constant::
     s_b   = e4m3_rne(clamp(min(pre, FLT_MAX), -448, 448))      stored block scale; may be 0 or subnormal
     enc   = min(fp32(1 / fp32(float(s_b) * S_dec)), FLT_MAX)   s_b = 0 -> enc = FLT_MAX
     q     = e2m1_rne(clamp(x * enc, -6, 6))                    or stochastic rounding (see ``stochastic``)
-    x̂     = e2m1(q) * fp32(fp32(float(s_b) * amax) * fl(1/2688))   TE's dequantize kernel order
+    x̂     = e2m1(q) * fp32(fp32(float(s_b) * amax) * fl(1/2688))   TE's dequantize kernel order, for
+            amax <= TE_ORDER_AMAX_MAX (~7.6e35); above it, where that order overflows:
+            e2m1(q) * min(fp32(float(s_b) * fp32(amax * fl(1/2688))), DECODE_FACTOR_MAX)
 
 Storage (the layout every backend reads and writes): ``data`` uint8 ``[M, K//2]`` (element 2j in the low nibble),
 ``scales`` float8_e4m3fn ``[M, K//16]`` row-major unswizzled (see ``swizzle`` for the GEMM layout), ``amax``
@@ -42,8 +44,10 @@ bfloat16, float16, float64; float64 is rounded to float32 first). Unknown ``scal
 domain (the whole tensor for per_tensor, its row for per_token): that domain's ``amax`` is NaN, its
 ``nonfinite`` flag is True, its scales are the E4M3 NaN (0x7F), its codes are 0, and it dequantizes to NaN.
 Other rows (per_token) are quantized as if the poisoned rows were absent. Never finite garbage.
-Finite inputs with amax > FLT_MAX/448 (~7.6e35) overflow in TE's decode order ``float(s_b) * amax`` and
-dequantize to ±inf/NaN; we reproduce TE rather than diverge from it (such values never occur in practice).
+Finite input never decodes to a non-finite value. TE's decode order overflows in ``float(s_b) * amax`` once
+amax > FLT_MAX/448 (~7.6e35) and gives ±inf/NaN; there, and only there, the factor is formed as
+``s_b * (amax / 2688)`` and capped so that ``6 * factor`` stays finite (x̂ is then within fp32 rounding of TE's
+exact value). Below that amax every byte and value is TE's.
 
 Worked example (notes §1.9): tensor amax 10.0, a block with amax 6.3: S_enc = 268.79998779296875,
 pre = 282.23999 -> s_b = 288 (byte 0x79), enc = 0.93333328; x = 1.0 -> 0.9333 -> code 2 -> x̂ = 1.0714285;
@@ -97,9 +101,31 @@ def block_scales(vmax: torch.Tensor, s_enc: torch.Tensor) -> tuple[torch.Tensor,
     return s_b, enc
 
 
+def _largest_finite_multiplicand(k: float) -> float:
+    """The largest fp32 ``a`` with ``fp32(k * a)`` finite."""
+    kk, a = torch.tensor(k, dtype=torch.float32), torch.tensor(FLT_MAX / k, dtype=torch.float32)
+    inf = torch.tensor(float("inf"))
+    while torch.isfinite(kk * torch.nextafter(a, inf)):
+        a = torch.nextafter(a, inf)
+    while not torch.isfinite(kk * a):
+        a = torch.nextafter(a, -inf)
+    return float(a)
+
+
+#: the largest amax for which TE's decode order ``fp32(float(s_b) * amax)`` cannot overflow (s_b <= 448)
+TE_ORDER_AMAX_MAX = _largest_finite_multiplicand(E4M3_MAX)
+#: the largest decode factor whose product with any E2M1 value (|q| <= 6) is finite
+DECODE_FACTOR_MAX = _largest_finite_multiplicand(E2M1_MAX)
+
+
 def dequant_factor(s_b: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """Per-block decode factor ``fp32(fp32(float(s_b) * amax) * fl(1/2688))`` (TE's kernel order)."""
-    return (s_b.to(torch.float32) * amax.to(torch.float32)) * _f32(1.0 / (E4M3_MAX * E2M1_MAX), s_b.device)
+    """Per-block decode factor: TE's ``fp32(fp32(float(s_b) * amax) * fl(1/2688))`` where amax <=
+    ``TE_ORDER_AMAX_MAX``, else ``min(fp32(float(s_b) * fp32(amax * fl(1/2688))), DECODE_FACTOR_MAX)``, which
+    cannot overflow (module docstring)."""
+    s, a = s_b.to(torch.float32), amax.to(torch.float32)
+    inv = _f32(1.0 / (E4M3_MAX * E2M1_MAX), s_b.device)
+    safe = torch.clamp(s * (a * inv), max=DECODE_FACTOR_MAX)
+    return torch.where(a > TE_ORDER_AMAX_MAX, safe, (s * a) * inv)
 
 
 @dataclass

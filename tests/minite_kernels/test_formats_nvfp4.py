@@ -30,6 +30,26 @@ def f32(v: float) -> float:
         return math.copysign(math.inf, v)
 
 
+def _f32_step(v: float, up: bool) -> float:
+    """The next fp32 above (up) or below a positive fp32 ``v``."""
+    bits = struct.unpack("<I", struct.pack("<f", v))[0] + (1 if up else -1)
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def largest_finite_multiplicand(k: float) -> float:
+    """The largest fp32 a with f32(k * a) finite."""
+    a = f32(FLT_MAX / k)
+    while math.isfinite(f32(k * _f32_step(a, up=True))):
+        a = _f32_step(a, up=True)
+    while not math.isfinite(f32(k * a)):
+        a = _f32_step(a, up=False)
+    return a
+
+
+TE_ORDER_LIMIT = largest_finite_multiplicand(448.0)  # above it f32(s_b * amax) can overflow
+FACTOR_MAX = largest_finite_multiplicand(6.0)  # 6 * factor stays finite
+
+
 def e4m3_rne(v: float) -> float:
     if v == 0:
         return 0.0
@@ -79,7 +99,10 @@ def scalar_quantize(rows: list[list[float]], per_token: bool = False, tile16: bo
             sb = e4m3_rne(min(pre, 448.0))
             denom = f32(sb * s_dec)
             enc = FLT_MAX if denom == 0 else min(f32(1.0 / denom), FLT_MAX)
-            factor = f32(f32(sb * amaxes[i]) * inv2688)
+            if amaxes[i] <= TE_ORDER_LIMIT:  # TE's order
+                factor = f32(f32(sb * amaxes[i]) * inv2688)
+            else:  # where TE's order overflows: the same factor formed without overflow, capped
+                factor = min(f32(sb * f32(amaxes[i] * inv2688)), FACTOR_MAX)
             scales[i][b] = sb
             for c in cols:
                 code = e2m1_code(max(-6.0, min(6.0, f32(rows[i][c] * enc))))
@@ -222,13 +245,29 @@ def test_hypothesis_values_match_scalar_reference(m, k, data, scaling):
     assert_matches_scalar(torch.tensor(vals, dtype=torch.float32).view(m, k), scaling=scaling)
 
 
-def test_dequantize_overflow_matches_te_order():
-    # TE's decode order fp32(float(s_b) * amax) overflows when amax > FLT_MAX / 448 (~7.6e35); we reproduce
-    # it (non-finite, never finite garbage) rather than silently diverge from TE.
-    x = torch.tensor([[3e38] + [1.0] * 15])
-    d = quantize_nvfp4(x).dequantize()
-    assert torch.isinf(d[0, 0]) and not torch.isfinite(d).any()
-    assert_matches_scalar(x)
+def test_finite_input_never_decodes_to_inf_or_nan():
+    """TE's decode order fp32(float(s_b) * amax) overflows once amax > FLT_MAX / 448 (~7.6e35); above that amax
+    the factor is formed without overflow. The values stay those of the same input scaled down (to fp32
+    rounding), and the scalar reference agrees bit for bit."""
+    from minite_kernels.formats.nvfp4 import DECODE_FACTOR_MAX, TE_ORDER_AMAX_MAX
+
+    assert (TE_ORDER_AMAX_MAX, DECODE_FACTOR_MAX) == (TE_ORDER_LIMIT, FACTOR_MAX)
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(4, 32, generator=g, dtype=torch.float64) / 4
+    base[0, 0], base[1, 7], base[3, 31] = 1.0, -1.0, 0.999
+    for scale in (1e36, 3e38, FLT_MAX, float(TE_ORDER_LIMIT), float(_f32_step(TE_ORDER_LIMIT, up=True))):
+        x = (base * scale).clamp(-FLT_MAX, FLT_MAX).float()
+        small = (x.double() / scale).float()
+        for kw in ({"scaling": "per_token"}, {"scaling": "per_tensor"}, {"tile": (16, 16)}):
+            q = assert_matches_scalar(x, **kw)
+            d = q.dequantize()
+            assert torch.isfinite(d).all() and not q.nonfinite.any(), (scale, kw)
+            want = quantize_nvfp4(small, **kw).dequantize().double() * scale
+            assert ((d.double() - want).abs().max() / want.abs().max()).item() < 1e-6, (scale, kw)
+    for dt in (torch.bfloat16, torch.float16):  # each dtype's extremes, decoded back to that dtype
+        fi = torch.finfo(dt)
+        x = torch.tensor([[fi.max, -fi.max, fi.tiny, fi.smallest_normal / 4] + [1.0] * 12], dtype=dt)
+        assert torch.isfinite(quantize_nvfp4(x).dequantize(dt)).all(), dt
 
 
 def test_input_dtypes_are_quantized_from_their_fp32_value():

@@ -229,6 +229,25 @@ def _same_all(out, ref) -> None:
         assert torch.equal(_bits(deq)[fin], _bits(dr)[fin])
 
 
+@_interp_only
+def test_huge_finite_input_decodes_finite_as_the_reference(tk):
+    """amax above FLT_MAX / 448, where TE's decode order overflows: the kernels form the factor as the reference
+    does (formats.nvfp4.dequant_factor), bit for bit, and decode to finite values; a row under the limit keeps
+    TE's order."""
+    from minite_kernels.formats import quantize_nvfp4
+
+    x = _heavy(17, 64, seed=6).float()
+    x = (x / x.abs().amax() * torch.finfo(torch.bfloat16).max).bfloat16()  # tensor amax: the bf16 maximum
+    x[3] = (x[3].float() * 1e-6).bfloat16()  # per token, this row stays under the limit
+    for per_token in (True, False):
+        out = tk.quantize_nvfp4_triton(x, per_token=per_token, write_qs=True, write_deq=True)
+        ref = quantize_nvfp4(x, scaling="per_token" if per_token else "per_tensor")
+        _same_all(out, ref)
+        assert torch.isfinite(out[-1]).all()
+        back = tk.dequantize_nvfp4_triton(ref.data, ref.scales, ref.amax, per_token=per_token)
+        assert torch.equal(back, ref.dequantize()) and torch.isfinite(back).all()
+
+
 @pytest.fixture
 def quant_mod():
     from minite_kernels.backends.triton import quantize as q

@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from minite_kernels.formats.nvfp4 import DECODE_FACTOR_MAX, TE_ORDER_AMAX_MAX  # noqa: F401 (for the kernels)
 from minite_kernels.options import FIELDS, options
 
 #: fp32 constants used by the kernels (the same values the reference ``minite_kernels.formats`` uses)

@@ -40,20 +40,33 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import DECODE_FACTOR_MAX as _DECODE_FACTOR_MAX
 from ._common import FLT_MAX as _FLT_MAX
 from ._common import INV_2688 as _INV_2688
 from ._common import SIXTH as _SIXTH
+from ._common import TE_ORDER_AMAX_MAX as _TE_ORDER_AMAX_MAX
 from ._common import interpret_mode
 from .launcher import CachedLauncher
 
 FLT_MAX = tl.constexpr(_FLT_MAX)
 SIXTH = tl.constexpr(_SIXTH)
 INV_2688 = tl.constexpr(_INV_2688)
+TE_ORDER_AMAX_MAX = tl.constexpr(_TE_ORDER_AMAX_MAX)
+DECODE_FACTOR_MAX = tl.constexpr(_DECODE_FACTOR_MAX)
 
 
 # ------------------------------------------------------------------------------------------------------
 # element-wise building blocks (inlined into the kernels)
 # ------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _decode_factor(s_b, amax):
+    """Per-block decode factor, as ``formats.nvfp4.dequant_factor``: TE's order
+    ``fp32(fp32(s_b * amax) * fl(1/2688))`` up to TE_ORDER_AMAX_MAX, above it
+    ``min(s_b * fp32(amax * fl(1/2688)), DECODE_FACTOR_MAX)``, which cannot overflow."""
+    safe = tl.minimum(s_b * (amax * INV_2688), DECODE_FACTOR_MAX)
+    return tl.where(amax > TE_ORDER_AMAX_MAX, safe, (s_b * amax) * INV_2688)
 @triton.jit
 def _encode_scale(amax):
     """S_enc = min(2688/amax, FLT_MAX), 1 where amax == 0 (or the quotient is 0); S_dec = 1/S_enc."""
@@ -372,7 +385,7 @@ def _dequantize_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out = e2m1 * fp32(fp32(s_b * amax) * fl(1/2688)) (TE's order; bit-equal to the reference), or
+    """out = e2m1 * the decode factor (``_decode_factor``: TE's order; bit-equal to the reference), or
     e2m1 * s_b when not APPLY_AMAX (the exact ``qs`` GEMM operand)."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -396,7 +409,7 @@ def _dequantize_kernel(
             am = tl.load(amax_ptr + rows, mask=rows < M, other=0.0)[:, None]
         else:
             am = tl.load(amax_ptr)
-        s = (s * am) * INV_2688
+        s = _decode_factor(s, am)
     mag = _e2m1_value(codes & 7)
     v = tl.where(codes >= 8, mag * -1.0, mag)  # code 8 is -0 (Triton lowers -x to 0 - x: +0)
     out = tl.reshape(v, [BLOCK_M, BLOCK_K // 16, 16]) * s[:, :, None]

@@ -38,8 +38,8 @@ reduced twice, the plain formulation, reaches about a third of copy bandwidth pe
   base addresses, shapes and tile offsets, instead of two launches per weight.
 
 Optional outputs besides ``data``/``scales``/``amax``: ``qs = e2m1 * s_b`` (exact in BF16; the operand of the
-exact GEMM) and ``deq`` = the dequantized value ``e2m1 * fp32(fp32(s_b * amax) * fl(1/2688))`` rounded to
-BF16, bit-equal to ``NVFP4Tensor.dequantize(torch.bfloat16)``.
+exact GEMM) and ``deq`` = the dequantized value ``e2m1 * decode factor`` (``quantize._decode_factor``) rounded
+to BF16, bit-equal to ``NVFP4Tensor.dequantize(torch.bfloat16)``.
 
 Example: the word ``0x3F804000`` holds 2.0 (low, ``0x4000``) and 1.0 (high, ``0x3F80``); with amax 2688 and a
 block max of 6 the block scale is 1 and ``enc = 1``, so the codes are 4 (2.0) and 2 (1.0), byte ``0x24``:
@@ -53,7 +53,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quantize import FLT_MAX, INV_2688, SIXTH, _e4m3_rne, _encode_scale, _sr_step
+from .quantize import FLT_MAX, SIXTH, _decode_factor, _e4m3_rne, _encode_scale, _sr_step
 
 
 @triton.jit
@@ -318,7 +318,7 @@ def _token_segment_store(
     s_b, sbyte, enc = _block_scale(vmax, s_enc[None, :], s_dec[None, :])
     f = s_b
     if WRITE_DEQ:
-        f = (s_b * amax[None, :]) * INV_2688
+        f = _decode_factor(s_b, amax[None, :])
     rb_lo, rb_hi = _load_rbits(rb_ptr, rows, blks, M, NBK, SR)
     _quant_blocks(
         lo,
@@ -551,7 +551,7 @@ def _tensor_tile_bf16(
         s_b, sbyte, enc = _block_scale(tl.where(bad, 0.0, vmax), s_enc, s_dec)
     f = s_b
     if WRITE_DEQ:
-        f = (s_b * amax) * INV_2688
+        f = _decode_factor(s_b, amax)
     rb_lo, rb_hi = _load_rbits(rb_ptr, rows, blks, M, NBK, SR)
     _quant_blocks(
         lo,
