@@ -50,9 +50,9 @@ class PrecisionConfig:
     # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
     exclude: tuple[int | str, ...] = ("lm_head",)
     backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
-    # strict: every reduction on the token path batch-invariant (minite_kernels.strict: fp64 rounded once on CPU,
-    # fixed-order Triton kernels on CUDA), so the sampler's log-probs equal the learner's bit for bit; default: the
-    # kernels' own order
+    # strict: every reduction on the token path batch-invariant (minite_kernels.strict: fp64 rounded once on
+    # CPU, fixed-order Triton kernels on CUDA), so the sampler's log-probs equal the learner's bit for bit;
+    # default: the kernels' own order
     alignment: Literal["default", "strict"] = "default"
 
 
@@ -478,8 +478,9 @@ def find_recipe(name: str) -> pathlib.Path:
         if q.is_file():
             return q
     valid = list_recipes()
-    raise ConfigError(f"unknown recipe {name!r}{did_you_mean(name, valid)}; valid recipes: {', '.join(valid) or '(none found)'} "
-                      f"(searched {', '.join(str(d) for d in recipe_dirs()) or 'recipes/'})")
+    searched = ", ".join(str(d) for d in recipe_dirs()) or "recipes/"
+    raise ConfigError(f"unknown recipe {name!r}{did_you_mean(name, valid)}; valid recipes: "
+                      f"{', '.join(valid) or '(none found)'} (searched {searched})")
 
 
 def _load_recipe_tree(name: str, seen: tuple[str, ...] = ()) -> dict:

@@ -15,10 +15,6 @@ from eval.engines import Generation, GenerationParams
 from eval.engines.base import Engine
 from minite_kernels.choices import did_you_mean
 
-#: ``strict``: every reduction batch-invariant (``minite_kernels.strict``: fp64 rounded once on CPU, fixed-order
-#: Triton kernels on CUDA): a prompt's tokens and log-probs do not depend on its batch or padding
-ALIGNMENTS = ("default", "strict")
-
 
 def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = (), backend: str = "auto") -> dict:
     """Swap the model's linears for the named minite precision recipe (``exclude``: module-name patterns and
@@ -40,8 +36,9 @@ class LocalEngine(Engine):
     def __init__(self, model, tokenizer, *, precision: str | None = None, alignment: str = "default",
                  info: dict | None = None, exclude: tuple[int | str, ...] = ()) -> None:
         from trainers.rollout import make_sampler
+        from trainers.rollout.local import ALIGNMENTS  # strict: a prompt's bits do not depend on its batch
 
-        if alignment not in ALIGNMENTS:
+        if alignment not in ALIGNMENTS:  # before the model is patched
             raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
         self.alignment = alignment
         self.model = model
