@@ -17,7 +17,7 @@ The process default comes from those variables when ``minite_kernels.options`` i
 (:meth:`Options.from_env`); later changes to ``os.environ`` are not seen. Change it in code instead:
 
     from minite_kernels.options import options, set_options, use_options
-    with use_options(gemm="exact"):      # this block only (and the threads/tasks it starts under contextvars)
+    with use_options(gemm="exact"):      # this block (and asyncio tasks made in it); new threads: the default
         y = model(x)
     set_options(decode="off")            # the process default from now on
     options().to_dict()                  # {"gemm": "dequant", "decode": "off", ...}: recorded in run metadata
