@@ -160,6 +160,22 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    # held-out evaluation inside the run (trainers.heldout; verl's trainer.test_freq): every `every` steps and after
+    # the last one, the run's own sampler (the policy as trained: same weights, precision and alignment) answers
+    # `tasks` (python -m eval task names) into <output_dir>/eval/step_<N>/ and the metrics' val/<task>; 0 = off
+    every: int = 0
+    tasks: tuple[str, ...] = ("arithmetic",)
+    limit: int | None = None  # the first N prompts of each task
+    samples: int = 1  # responses per prompt (avg@k)
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    batch_size: int = 64  # sequences per generation batch
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: online with WANDB_API_KEY else offline
     project: str = "minite-rl"
@@ -201,6 +217,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
 
@@ -364,6 +381,11 @@ def _check_values(obj: Any, prefix: str) -> None:
         _positive(obj, prefix, "save_every", allow_zero=True)
         _positive(obj, prefix, "cpu_threads")
         _positive(obj, prefix, "log_samples", allow_zero=True)
+    elif isinstance(obj, EvalConfig):
+        _positive(obj, prefix, "every", "temperature", allow_zero=True)
+        _positive(obj, prefix, "limit", "samples", "max_new_tokens", "batch_size")
+        if not 0 < obj.top_p <= 1:
+            raise ConfigError(f"{prefix}top_p={obj.top_p} must be in (0, 1]")
     elif isinstance(obj, ArithmeticConfig):
         _positive(obj, prefix, "size")
         bad = [lv for lv in obj.levels if lv not in (1, 2, 3, 4)]
@@ -416,6 +438,21 @@ def validate(cfg: Config) -> Config:
             f"precision.alignment=strict runs the quantized linears on the emulated backend, whose dequantized "
             f"GEMMs the batch-invariant kernels compute; got precision.backend={cfg.precision.backend}. "
             "Valid with strict: auto, emulated")
+    if cfg.eval.every:
+        from eval.task import get_task, task_names
+
+        if not cfg.eval.tasks or len(set(cfg.eval.tasks)) != len(cfg.eval.tasks):
+            raise ConfigError(f"eval.tasks={list(cfg.eval.tasks)!r} must list distinct tasks; valid tasks: "
+                              f"{', '.join(task_names())}")
+        for t in cfg.eval.tasks:
+            try:
+                get_task(t)
+            except ValueError as e:
+                raise ConfigError(f"eval.tasks: {e}") from None
+        if cfg.engine == "verl":
+            raise ConfigError(f"eval.every={cfg.eval.every} runs on engine=local; engine=verl validates on its val "
+                              "split with verl's own trainer.test_freq (verl.extra=[trainer.test_freq=N]). Use "
+                              "eval.every=0 with engine=verl")
     if cfg.engine == "verl" and cfg.optim.impl == "minite":
         raise ConfigError("optim.impl='minite' applies to engine=local; verl's FSDP workers build their own "
                           "optimizer (valid with engine=verl: 'auto', 'torch')")

@@ -3,7 +3,8 @@ summary and figures.
 
 A study is training recipes (arms) x seeds on one task. Each cell is an ordinary ``trainers.grpo`` run directory
 ``<output_dir>/<arm>/seed<k>``, then an ``eval run`` of its last checkpoint under the arm's own sampler precision
-(the policy as it was trained and sampled) in ``<run>/eval/<checkpoint>``, and of the untrained model once per
+(the policy as it was trained and sampled) in ``<run>/eval/<checkpoint>``, unless the run evaluated that step itself
+(``eval.every``: every run evaluates at the same steps, inside its process), and of the untrained model once per
 distinct eval setting in ``<output_dir>/step0/`` (the baseline; ``eval.step0: false`` skips it). ``--train-seconds N`` stops training
 after N seconds (the runs resume from their last checkpoint next time) and evaluates what was reached. At the end the study writes
 
@@ -71,6 +72,10 @@ class EvalSpec:
     samples: int = 1
     limit: int | None = None
     seed: int = 0
+    batch_size: int = 32  # sequences per generation batch
+    # > 0: every run also evaluates itself every N steps and after its last (the trainer's eval.every, in
+    # <run>/eval/step_<N>): every run at the same steps, by its own sampler, without loading a checkpoint
+    every: int = 0
     # also evaluate the untrained model, once per distinct eval setting (sampler precision, dtype, ...): the
     # baseline every arm's checkpoints are read against, in <output_dir>/step0/
     step0: bool = True
@@ -143,6 +148,10 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
     reserved = sorted(k for k in train if k in ("recipe", "trainer.seed", "trainer.output_dir"))
     if reserved:
         raise StudyError(f"{p}: train.{reserved[0]} is set by the study for each run (arms, seeds, output_dir)")
+    in_eval = sorted(k for k in train if k.startswith("eval."))
+    if in_eval:
+        raise StudyError(f"{p}: train.{in_eval[0]}: a study's held-out eval is its `eval` section (eval.every "
+                         "evaluates inside the runs), so that every run and the untrained model use the same one")
     ev = tree.get("eval", {})
     if ev is None:
         eval_spec = None
@@ -189,7 +198,13 @@ def train_args(cfg: StudyConfig, arm: str, seed: int) -> list[str]:
         # fixed by the study, not left to the trainer's load check: a run started right after another sees that
         # run's load average and would drop to 1 thread, and CPU results depend on the thread count
         args.append(f"trainer.cpu_threads={study_threads(cfg.parallel)}")
-    return args + [f"{k}={_value(v)}" for k, v in cfg.train.items()]
+    args += [f"{k}={_value(v)}" for k, v in cfg.train.items()]
+    e = cfg.eval
+    if e is not None and e.every:  # the same held-out eval as the checkpoints' `eval run`, inside the run
+        args += [f"eval.every={e.every}", f"eval.tasks={_value(e.tasks.split(','))}", f"eval.samples={e.samples}",
+                 f"eval.temperature={e.temperature}", f"eval.max_new_tokens={e.max_new_tokens}",
+                 f"eval.seed={e.seed}", f"eval.batch_size={e.batch_size}", f"eval.limit={_value(e.limit)}"]
+    return args
 
 
 def max_steps(cfg: StudyConfig, arm: str) -> int:
@@ -287,7 +302,7 @@ def _eval_settings(cfg: StudyConfig, arm: str) -> list[str]:
     e = cfg.eval
     args = ["--tasks", e.tasks, "--samples", ",".join(f"{t}={e.samples}" for t in e.tasks.split(",")),
             "--temperature", str(e.temperature), "--max-new-tokens", str(e.max_new_tokens), "--seed", str(e.seed),
-            "--quiet", "--dtype", tcfg.model.dtype]
+            "--batch-size", str(e.batch_size), "--quiet", "--dtype", tcfg.model.dtype]
     if tcfg.model.device != "auto":
         args += ["--device", tcfg.model.device]
     if tcfg.precision.sampler != "bf16":
@@ -326,20 +341,6 @@ def step0_args(cfg: StudyConfig, arm: str) -> tuple[pathlib.Path, list[str]] | N
     return out, [*args, "--output-dir", str(out)]
 
 
-def _drop_stale_evals(run: pathlib.Path, name: str, say) -> None:
-    """A run about to start without a checkpoint trains again from step 0 (its ``metrics.jsonl`` is rewritten),
-    so evals already in ``<run>/eval`` are of another execution's checkpoints: remove them, since evals are
-    reused by their checkpoint's step name."""
-    from trainers.checkpoint import latest_checkpoint
-
-    old = sorted((run / "eval").glob("step_*"))
-    if old and latest_checkpoint(run / "checkpoints") is None:
-        say(f"{name} restarts from step 0 (no checkpoint): dropping the evals of its previous execution "
-            f"({', '.join(d.name for d in old)})")
-        for d in old:
-            shutil.rmtree(d)
-
-
 def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None) -> dict:
     """Train every missing run, evaluate every missing checkpoint, then write the summary and figures.
 
@@ -358,8 +359,8 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         jobs.append((f"{arm}/seed{seed}", [sys.executable, "-m", "trainers.grpo", *train_args(cfg, arm, seed)],
                      cfg.root / "logs" / f"{arm}-seed{seed}.train.log"))
     stop_at = None if train_seconds is None else time.monotonic() + train_seconds
-    runs = {f"{arm}/seed{seed}": cfg.run_dir(arm, seed) for arm, seed in cells}
-    train_status = _run_all(jobs, cfg.parallel, say, stop_at, before=lambda n: _drop_stale_evals(runs[n], n, say))
+    # a run that restarts from step 0 drops the evals of its earlier execution itself (trainers.heldout)
+    train_status = _run_all(jobs, cfg.parallel, say, stop_at)
     ev_jobs = []
     for arm, seed in cells:
         run = cfg.run_dir(arm, seed)

@@ -53,6 +53,17 @@ class LocalEngine(Engine):
         self.info = dict(info or {})
 
     @classmethod
+    def of_sampler(cls, sampler, tokenizer, *, precision: str | None, alignment: str, quantization: dict | None,
+                   info: dict | None = None) -> LocalEngine:
+        """An engine around a sampler that already exists, whose model already runs ``precision`` (a training
+        run's own sampler: the policy exactly as it samples rollouts)."""
+        self = cls.__new__(cls)
+        self.model, self.tokenizer, self.sampler = sampler.model, tokenizer, sampler
+        self.precision, self.alignment, self.quantization = precision, alignment, quantization
+        self.info = dict(info or {})
+        return self
+
+    @classmethod
     def from_pretrained(cls, model: str, *, dtype: str | None = None, device: str | None = None,
                         precision: str | None = None, alignment: str = "default",
                         exclude: tuple[int | str, ...] = ()) -> LocalEngine:

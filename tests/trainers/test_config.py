@@ -21,7 +21,7 @@ def test_default_is_embedded_cpu_run():
     assert cfg.rollout.top_p == 1.0 and cfg.rollout.top_k == -1
 
 
-@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16", "default"])
+@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "strict_nvfp4", "bf16", "triage_bf16", "default"])
 def test_every_training_recipe_loads(name):
     assert name in list_recipes()
     cfg = load_config([f"recipe={name}"])
@@ -67,6 +67,11 @@ def test_overrides_grammar():
     (["algorithm.mini_batches=3"], r"must divide"),
     (["--verbose"], r"unknown option"),
     (["trainer.max_steps"], r"must look like key=value"),
+    (["eval.every=5", "eval.tasks=[arithmetc]"], r"eval.tasks: unknown task 'arithmetc'; did you mean 'arithmetic'\?"),
+    (["eval.every=5", "eval.tasks=[]"], r"must list distinct tasks; valid tasks: "),
+    (["eval.every=-1"], r"eval.every=-1 must be >= 0"),
+    (["eval.batch_size=0"], r"eval.batch_size=0 must be > 0"),
+    (["eval.every=5", "engine=verl"], r"eval.every=5 runs on engine=local"),
 ])
 def test_bad_config_errors(args, match):
     with pytest.raises(ConfigError, match=match):

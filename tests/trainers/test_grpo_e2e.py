@@ -135,6 +135,39 @@ def test_graph_sampler_in_the_trainer_resumes_exactly(tiny_model_dir, tmp_path, 
     assert meta["sampler"]["sampler"] == "graph" and meta["sampler"]["decode"] == "eager"
 
 
+def test_held_out_evals_inside_the_run_leave_training_unchanged_and_resume(tiny_model_dir, tmp_path,
+                                                                           _helpers_on_path, uninterrupted):
+    """eval.every: the run's own sampler answers the eval task after steps 2 and 3 (the last) into
+    eval/step_<N> and val/* metrics; the training metrics are those of a run without evals, a killed run
+    resumes with the same evals, and the evals of steps after the resumed checkpoint are dropped."""
+    from trainers.rewards.registry import RewardError
+
+    common = [*RESUME_COMMON, "eval.every=2", "eval.tasks=[arithmetic]", "eval.limit=3", "eval.max_new_tokens=4"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_local(load_config([*common, *_args(tiny_model_dir, full)]))
+    rows = read_metrics(full)
+    assert [sorted(k for k in r if k.startswith("val/") or k == "timing/eval_s") for r in rows] == [
+        [], *[["timing/eval_s", "val/arithmetic", "val/average"]] * 2]
+    assert [{k: v for k, v in r.items() if not k.startswith("val/")} for r in _stable(rows)] == uninterrupted
+    assert sorted(d.name for d in (full / "eval").iterdir()) == ["step_000002", "step_000003"]
+    res = json.loads((full / "eval" / "step_000003" / "results.json").read_text())
+    assert res["tasks"]["arithmetic"]["n"] == 3 and res["protocol"]["precision"] == "none"
+    assert rows[2]["val/arithmetic"] == res["tasks"]["arithmetic"]["mean"]
+    assert len((full / "eval" / "step_000003" / "samples.jsonl").read_text().splitlines()) == 3
+
+    _helpers_on_path.CRASH_AT_STEP = 2  # dies during step 3, after step 2's checkpoint and eval
+    with pytest.raises(RewardError):
+        run_local(load_config([*common, *_args(tiny_model_dir, part)]))
+    stale = part / "eval" / "step_000003"  # as if an earlier execution had got further
+    stale.mkdir()
+    (stale / "results.json").write_text(json.dumps({"tasks": {"arithmetic": {"mean": 0.5}}}))
+    _helpers_on_path.CRASH_AT_STEP = None
+    run_local(load_config([*common, *_args(tiny_model_dir, part)]))
+    assert _stable(read_metrics(part)) == _stable(rows)
+    again = json.loads((part / "eval" / "step_000003" / "results.json").read_text())
+    assert again["tasks"] == res["tasks"]
+
+
 def test_resume_keeps_the_interrupted_runs_cpu_threads(tiny_model_dir, tmp_path):
     out = tmp_path / "threads"
     before = torch.get_num_threads()

@@ -127,11 +127,15 @@ def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
     cfg = load_study(REPO / "recipes" / "studies" / "smoke.yaml",
                      [f"output_dir={out}", f"train.model.path={tiny_model_dir}", "train.trainer.max_steps=2",
                       "train.trainer.save_every=2", "train.data.arithmetic.size=16",
-                      "train.algorithm.micro_batch_size=2"])
+                      "train.algorithm.micro_batch_size=2", "eval.every=1"])
     said: list[str] = []
     s = run_study(cfg, say=said.append)
     assert s["failed"] == [], (said, [p.read_text()[-2000:] for p in (out / "logs").glob("*.log")])
     runs = s["runs"]
+    # every run evaluated itself after steps 1 and 2, so only the untrained model got an `eval run`
+    assert [m.split(" (log")[0] for m in said if m.startswith("start eval")] == [
+        f"start eval step0 {p.name}" for p in (out / "step0").iterdir()]
+    assert [sorted(r["eval_by_step"]) for r in runs] == [[1, 2], [1, 2]]
     assert [(r["recipe"], r["seed"]) for r in runs] == [("bf16", 0), ("triage_bf16", 0)]
     for r in runs:
         assert r["steps"] == 2 and r["complete"]
@@ -170,24 +174,19 @@ def test_time_limit_stops_training_without_failing(tmp_path):
     assert [r["complete"] for r in s["runs"]] == [False, False] and not any(m.startswith("start") for m in said)
 
 
-def test_a_run_restarting_from_step_0_drops_the_evals_of_its_previous_execution(tmp_path):
-    """Evals are reused by checkpoint step name, so a run that trains again from scratch (its checkpoints gone,
-    as in a study copied without them) must not keep the old execution's evals; with a checkpoint it resumes and
-    they stay."""
-    from trainers.checkpoint import STATE_FILE
+def test_eval_every_makes_every_run_evaluate_itself_with_the_studys_eval(tmp_path):
+    """eval.every: each run gets the study's held-out eval as its trainer's eval.* keys (the same settings as the
+    untrained model's `eval run`), and train.eval.* is refused so that no run evaluates differently."""
+    from trainers.config import load_config
+    from trainers.study import step0_args, train_args
 
-    run = tmp_path / "nvfp4" / "seed0"
-    old = run / "eval" / "step_000020"
-    old.mkdir(parents=True)
-    (old / "results.json").write_text("{}")
-    said: list[str] = []
-    ckpt = run / "checkpoints" / "step_000010"
-    ckpt.mkdir(parents=True)
-    (ckpt / STATE_FILE).write_text("{}")
-    study._drop_stale_evals(run, "nvfp4/seed0", said.append)
-    assert old.is_dir() and said == []
-    (ckpt / STATE_FILE).unlink()
-    study._drop_stale_evals(run, "nvfp4/seed0", said.append)
-    assert not old.exists()
-    assert said == [("nvfp4/seed0 restarts from step 0 (no checkpoint): dropping the evals of its previous "
-                     "execution (step_000020)")]
+    body = ("name: a\noutput_dir: o\narms: [bf16]\neval: {tasks: arithmetic_cot, max_new_tokens: 16, limit: 5, "
+            "every: 10, batch_size: 8}\n")
+    cfg = load_study(_write(tmp_path, body))
+    e = load_config(train_args(cfg, "bf16", 0)).eval
+    assert (e.every, e.tasks, e.max_new_tokens, e.limit, e.batch_size, e.temperature) == \
+        (10, ("arithmetic_cot",), 16, 5, 8, 0.0)
+    base = step0_args(cfg, "bf16")[1]
+    assert base[base.index("--batch-size") + 1] == "8" and base[base.index("--max-new-tokens") + 1] == "16"
+    with pytest.raises(StudyError, match="train.eval.every: a study's held-out eval is its `eval` section"):
+        load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\ntrain: {eval.every: 3}\n"))

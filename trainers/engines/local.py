@@ -29,6 +29,7 @@ from trainers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from trainers import heldout
 from trainers.config import Config, ConfigError, flatten, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
@@ -265,6 +266,10 @@ class LocalTrainer:
         self.state["run_id"] = self.state["run_id"] or uuid.uuid4().hex[:12]
         if ckpt is not None:
             _warn_config_changes(self.run_dir / "config.yaml", cfg)
+        gone = heldout.drop_after(self.run_dir, self.start_step)
+        if gone:
+            print(f"[trainers] dropped the evals after step {self.start_step}, of the interrupted execution: "
+                  f"{', '.join(gone)}", file=sys.stderr)
         samples = self.run_dir / "samples.jsonl"
         if samples.is_file():  # keep the samples of the steps the restored checkpoint contains
             keep = [ln for ln in samples.read_text().splitlines() if ln.strip() and _row_step(ln) <= self.start_step]
@@ -547,6 +552,10 @@ class LocalTrainer:
             for step in range(self.start_step, cfg.trainer.max_steps):
                 last = self.step(step)
                 done = step + 1
+                if heldout.due(cfg, done) and self.state["consecutive_nan"] == 0:
+                    last.update(heldout.evaluate(cfg, done, sampler=self.sampler, tokenizer=self.tok,
+                                                 precision=self.precision, device=self.device,
+                                                 run_dir=self.run_dir))
                 tracker.log(done, last)
                 if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
                     raise TrainingDiverged(
