@@ -341,6 +341,15 @@ def step0_args(cfg: StudyConfig, arm: str) -> tuple[pathlib.Path, list[str]] | N
     return out, [*args, "--output-dir", str(out)]
 
 
+def _eval_due(cfg: StudyConfig, steps: int, where: pathlib.Path) -> bool:
+    """Whether the study evaluates the checkpoint ``where`` names: every latest checkpoint, or with ``eval.every``
+    (the runs evaluate themselves) only those of the steps the runs evaluate, whose eval an interruption
+    prevented; the others wait for the run to get there."""
+    every = cfg.eval.every if cfg.eval is not None else 0
+    step = int(where.name[5:])
+    return not every or step % every == 0 or step == steps
+
+
 def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None) -> dict:
     """Train every missing run, evaluate every missing checkpoint, then write the summary and figures.
 
@@ -366,7 +375,7 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         run = cfg.run_dir(arm, seed)
         where = eval_dir(run)
         if train_status.get(f"{arm}/seed{seed}", 0) not in (0, None) or where is None or \
-                (where / "results.json").is_file():
+                (where / "results.json").is_file() or not _eval_due(cfg, steps[arm], where):
             continue
         args = eval_args(cfg, run)
         if args is not None:
@@ -413,11 +422,8 @@ def reward_at(rows: list[dict], step: int, window: int) -> float:
 
 
 def results_dir(run: pathlib.Path) -> pathlib.Path | None:
-    """The eval to report: that of the latest checkpoint; with the checkpoints gone (a copied study), the eval of
-    the highest step on disk."""
-    where = eval_dir(run)
-    if where is not None or not (run / "eval").is_dir():
-        return where
+    """The eval to report: that of the highest evaluated step (the latest checkpoint's once it is evaluated; a
+    restarted run has dropped the evals of its earlier execution)."""
     done = sorted(d for d in (run / "eval").glob("step_*") if (d / "results.json").is_file())
     return done[-1] if done else None
 

@@ -190,3 +190,16 @@ def test_eval_every_makes_every_run_evaluate_itself_with_the_studys_eval(tmp_pat
     assert base[base.index("--batch-size") + 1] == "8" and base[base.index("--max-new-tokens") + 1] == "16"
     with pytest.raises(StudyError, match="train.eval.every: a study's held-out eval is its `eval` section"):
         load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\ntrain: {eval.every: 3}\n"))
+
+
+def test_with_eval_every_only_the_runs_eval_steps_get_an_eval_run(tmp_path):
+    """A run stopped by the time limit at a checkpoint between its eval steps is not evaluated by a separate
+    process (it evaluates itself when it gets to the next eval step); one of its eval steps whose in-run eval
+    was interrupted is; without eval.every every latest checkpoint is."""
+    from trainers.study import _eval_due
+
+    cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\neval: {every: 10}\n"))
+    assert [_eval_due(cfg, 30, tmp_path / f"step_{s:06d}") for s in (5, 10, 15, 30)] == [False, True, False, True]
+    assert _eval_due(cfg, 25, tmp_path / "step_000025")  # the last step, not a multiple of 10
+    cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\n"))
+    assert all(_eval_due(cfg, 30, tmp_path / f"step_{s:06d}") for s in (5, 15))
