@@ -310,6 +310,8 @@ def _eval_settings(cfg: StudyConfig, arm: str) -> list[str]:
         keep = [str(x) for x in tcfg.precision.exclude if x != "lm_head"]
         if keep:
             args += ["--exclude", ",".join(keep)]
+    if tcfg.precision.alignment != "default":
+        args += ["--alignment", tcfg.precision.alignment]
     if e.limit:
         args += ["--limit", str(e.limit)]
     return args

@@ -203,3 +203,14 @@ def test_with_eval_every_only_the_runs_eval_steps_get_an_eval_run(tmp_path):
     assert _eval_due(cfg, 25, tmp_path / "step_000025")  # the last step, not a multiple of 10
     cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [bf16]\n"))
     assert all(_eval_due(cfg, 30, tmp_path / f"step_{s:06d}") for s in (5, 15))
+
+
+def test_a_strict_arm_gets_its_own_untrained_baseline(tmp_path):
+    """The untrained model is evaluated as each arm samples: a strict arm under --alignment strict, apart from
+    the default-alignment arm of the same precision."""
+    from trainers.study import step0_args
+
+    cfg = load_study(_write(tmp_path, "name: a\noutput_dir: o\narms: [nvfp4, strict_nvfp4]\n"))
+    plain, strict = step0_args(cfg, "nvfp4"), step0_args(cfg, "strict_nvfp4")
+    assert "--alignment" not in plain[1] and strict[1][strict[1].index("--alignment") + 1] == "strict"
+    assert plain[0] != strict[0]
