@@ -534,8 +534,9 @@ def table(summary: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     w = summary["config"]["window"]
     lines.append(f"\nMean ± sample std over seeds; steps: the steps the runs reached. Reward: mean of `reward/mean` over the {w} steps ending at the "
-                 "step. Held-out accuracy: `eval run` of each run's last checkpoint under its own sampler precision "
-                 "(the checkpoints can differ between runs: the table below compares them at equal steps). "
+                 "step. Held-out accuracy: the eval of each run's highest evaluated step, by its own sampler precision "
+                 "(in the run with eval.every, else an `eval run` of its checkpoint; the steps can differ between "
+                 "runs: the table below compares them at equal steps). "
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
     steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})

@@ -61,6 +61,18 @@ def e2m1_table(device: torch.device | str | None = None, dtype: torch.dtype = to
     return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
 
 
+_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _cached_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``e2m1_table`` built once per (device, dtype): no host-to-device copy per decode, which a CUDA graph
+    capture would refuse (the warm-up before a capture builds it). Internal and never written to."""
+    t = _TABLES.get((device, dtype))
+    if t is None:
+        t = _TABLES[(device, dtype)] = e2m1_table(device, dtype)
+    return t
+
+
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Encode already-scaled fp32 values to E2M1 codes (uint8, one code per element), RNE with saturation.
 
@@ -77,7 +89,7 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
 
 def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode uint8 E2M1 codes (0..15, one per element) to ``dtype``."""
-    return e2m1_table(codes.device, dtype)[codes.long()]
+    return _cached_table(codes.device, dtype)[codes.long()]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ def quantize_mxfp8(x: torch.Tensor, *, block: int = MXFP8_BLOCK) -> MXFP8Tensor:
     if any_or_capturing(bad):  # captured: taken always, exact on finite input
         xb = torch.where(torch.isfinite(xb), xb, torch.zeros((), dtype=torch.float32, device=x2.device))
         amax = xb.abs().amax(dim=-1)
-    v = amax * torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32, device=x2.device)
+    v = amax * torch.full((), 1.0 / E4M3_MAX, dtype=torch.float32, device=x2.device)  # a fill: capturable
     b = e8m0_encode_rceil(v)
     q = e4m3_cast(xb * e8m0_inverse(b).unsqueeze(-1))
 

@@ -77,7 +77,8 @@ _E4M3_NAN_BYTE = 0x7F
 
 
 def _f32(v: float, device: torch.device) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=device)
+    """fp32(v) as a 0-d tensor on ``device``, made by a fill (no host-to-device copy: CUDA-graph capturable)."""
+    return torch.full((), v, dtype=torch.float32, device=device)
 
 
 def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:

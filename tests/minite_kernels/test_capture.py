@@ -45,6 +45,20 @@ def test_any_or_capturing_reads_the_mask_eagerly():
     assert not capture.any_or_capturing(torch.tensor([False, False]))
 
 
+@pytest.mark.parametrize("quant", [lambda x: quantize_nvfp4(x, scaling="per_token"),
+                                   lambda x: quantize_nvfp4(x, scaling="per_tensor", tile=(16, 16)),
+                                   quantize_mxfp8], ids=["nvfp4_token", "nvfp4_tensor_16x16", "mxfp8"])
+def test_quantize_and_dequantize_make_no_host_trip_while_capturing(monkeypatch, quant):
+    """The CPU stand-in for a capture: after a warm-up (which builds the cached tables), quantizing and
+    dequantizing under capture neither makes a tensor from host data nor reads one on the host."""
+    x = _inputs()["finite"]
+    quant(x).dequantize(torch.float32)  # warm-up
+    monkeypatch.setattr(capture, "capturing", lambda: True)
+    with capture.HostTrips() as trips:
+        quant(x).dequantize(torch.float32)
+    assert trips.seen == []
+
+
 @pytest.mark.gpu
 def test_gpu_quantizers_capture_and_replay_the_eager_bytes():
     x = torch.randn(32, 256, device="cuda")

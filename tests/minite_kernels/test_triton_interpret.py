@@ -401,3 +401,13 @@ def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
     with pytest.raises(ValueError, match="chunk_bytes"):
         tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)
 
+
+
+def test_gemm_autotuning_key_buckets_m():
+    """The fused GEMM autotunes per power-of-two bucket of M, not per M: a learner's M (rows x padded length)
+    changes almost every step, and each new key re-benchmarks every configuration."""
+    pytest.importorskip("triton")
+    from minite_kernels.backends.triton.gemm import AUTOTUNE_KEY, m_bucket
+
+    assert "M" not in AUTOTUNE_KEY and "M_BUCKET" in AUTOTUNE_KEY
+    assert [m_bucket(m) for m in (1, 16, 17, 32, 33, 1000, 1024, 1025)] == [16, 16, 32, 32, 64, 1024, 1024, 2048]

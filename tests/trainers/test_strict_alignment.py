@@ -59,6 +59,37 @@ def test_strict_sampler_equals_learner_and_is_batch_invariant(qwen3_tokenizer_di
     assert [c.logprobs for c in alone] == [c.logprobs for c in batched]
 
 
+@pytest.mark.parametrize("recipe", ["nvfp4_per_token_bf16_bwd", "mxfp8"])
+def test_strict_graph_decode_step_makes_no_host_trip_while_capturing(qwen3_tokenizer_dir, monkeypatch, recipe):
+    """What a CUDA graph capture of the strict decode step refuses, checked on CPU: with capture simulated, the
+    step (the model's modules, the emulated quantizers, strict attention, sampling) neither makes a tensor from
+    host data nor reads one on the host. The step after a warm-up generate, as the engine captures it."""
+    from minite_kernels import capture, strict
+    from minite_kernels.capture import HostTrips
+    from trainers.rollout.graph_sampler import GraphSampler
+
+    m, tok = _tiny(qwen3_tokenizer_dir, recipe, backend="emulated")
+    prompts = [tok.encode(t) for t in TEXTS]
+    sampler = GraphSampler(m, tok, alignment="strict")
+    params = SamplingParams(max_new_tokens=4, seed=1)
+    with torch.no_grad():
+        sampler.generate(prompts, params)
+    seen: list[str] = []
+    step = GraphSampler._step
+
+    def traced(self, *a, **k):
+        with HostTrips() as trips:
+            step(self, *a, **k)
+        seen.extend(trips.seen)
+
+    monkeypatch.setattr(GraphSampler, "_step", traced)
+    for module in (capture, strict):
+        monkeypatch.setattr(module, "capturing", lambda: True)
+    with torch.no_grad():
+        sampler.generate(prompts, params)
+    assert sampler.stats["eager_steps"] > 0 and seen == []
+
+
 def test_default_mode_shows_the_gap_strict_removes(qwen3_tokenizer_dir):
     m, tok = _tiny(qwen3_tokenizer_dir, "nvfp4_per_token_bf16_bwd")
     delta, _ = _gap(m, tok, [tok.encode(t) for t in TEXTS], strict=False)

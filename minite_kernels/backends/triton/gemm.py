@@ -43,6 +43,7 @@ def _scaled_mm_kernel(
     M,
     N,
     K,
+    M_BUCKET,  # only the autotuning key (``m_bucket``): unused in the body
     stride_am,
     stride_ak,
     stride_bn,
@@ -104,10 +105,20 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=4),
 ]
+#: the autotuning key. M is bucketed: a learner's M is rows x padded length, new almost every step, and an
+#: exact-M key re-benchmarks all configurations for each new M (seconds per GEMM shape, far more on a shared GPU)
+AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "SA_VEC", "SB_VEC"]
+
+
+def m_bucket(m: int) -> int:
+    """The autotuning bucket of M: the next power of two, at least 16 (so 1-16, 17-32, 33-64, ... share one)."""
+    return max(16, 1 << (max(m, 1) - 1).bit_length())
+
+
 _scaled_mm_tuned = (
     _scaled_mm_kernel
     if interpret_mode()
-    else triton.autotune(configs=_CONFIGS, key=["M", "N", "K", "SA_VEC", "SB_VEC"])(_scaled_mm_kernel)
+    else triton.autotune(configs=_CONFIGS, key=AUTOTUNE_KEY)(_scaled_mm_kernel)
 )
 
 
@@ -194,6 +205,7 @@ def scaled_mm_nt(
         m,
         n,
         k,
+        m_bucket(m),
         qa.stride(0),
         qa.stride(1),
         qb.stride(0),
