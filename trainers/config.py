@@ -146,7 +146,9 @@ class TrainerConfig:
     max_steps: int = 20
     output_dir: str | None = None  # None -> runs/<recipe>
     save_every: int = 10  # 0: only the final checkpoint
-    resume: str = "auto"  # auto | never | <checkpoint dir>
+    # auto: the newest intact checkpoint, refusing a directory that holds another run; force: the same, accepting
+    # another run (printing how it differs); never: start over; or a checkpoint directory
+    resume: str = "auto"
     seed: int = 0
     keep_checkpoints: int = 2
     logprob_chunk_size: int = 256
@@ -476,8 +478,8 @@ def validate(cfg: Config) -> Config:
     if group % cfg.algorithm.mini_batches:
         raise ConfigError(f"algorithm.mini_batches={cfg.algorithm.mini_batches} must divide "
                           f"rollout.prompts_per_step * rollout.n = {group}")
-    if cfg.trainer.resume not in ("auto", "never") and not pathlib.Path(cfg.trainer.resume).is_dir():
-        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: valid choices are 'auto', 'never' or an "
+    if cfg.trainer.resume not in ("auto", "force", "never") and not pathlib.Path(cfg.trainer.resume).is_dir():
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: valid choices are 'auto', 'force', 'never' or an "
                           "existing checkpoint directory")
     if cfg.reward.fn is not None and ":" not in cfg.reward.fn:
         raise ConfigError(f"reward.fn={cfg.reward.fn!r} must look like 'package.module:function'")

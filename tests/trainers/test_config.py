@@ -62,7 +62,7 @@ def test_overrides_grammar():
     (["recipe=triage_bf16", "+algorithm.triage.repair_coeff=1"], r"did you mean 'repair_coef'\?"),
     (["algorithm.triage.gate=false"], r"algorithm.loss_mode='vanilla'"),
     (["recipe=triage_nvfp4", "algorithm.rollout_correction.rollout_is=token"], r"applies its own TIS cap"),
-    (["trainer.resume=/no/such/dir"], r"'auto', 'never' or an existing checkpoint directory"),
+    (["trainer.resume=/no/such/dir"], r"'auto', 'force', 'never' or an existing checkpoint directory"),
     (["reward.fn=nocolon"], r"package.module:function"),
     (["algorithm.mini_batches=3"], r"must divide"),
     (["--verbose"], r"unknown option"),

@@ -323,8 +323,12 @@ def test_a_directory_holding_another_run_is_refused(tiny_model_dir, tmp_path):
     common = ["trainer.max_steps=1", "reward.fn=reward_helpers:length_reward", *_args(tiny_model_dir, out)]
     run_local(load_config(["recipe=bf16", *common]))
     with pytest.raises(ConfigError, match=r"holds another run: precision.learner='bf16' \(this command: "
-                                          r"'nvfp4_per_token_w1x16_bf16_bwd'\)"):
+                                          r"'nvfp4_per_token_w1x16_bf16_bwd'\).*trainer.resume=force"):
         run_local(load_config(["recipe=nvfp4", *common]))
+    # force: continues the other run's checkpoint under this command's settings, saying how they differ
+    run_local(load_config(["recipe=nvfp4", "trainer.resume=force", *common[1:], "trainer.max_steps=2"]))
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    assert "NVFP4" in json.dumps(json.loads((out / "run_meta.json").read_text())["precision"]).upper()
 
 
 def test_one_run_per_directory(tiny_model_dir, tmp_path):

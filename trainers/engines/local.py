@@ -136,7 +136,8 @@ def _row_step(line: str) -> int:
 
 
 #: keys that make a run what it is: resuming a directory whose run differs in one of them is refused
-RUN_IDENTITY = ("model.path", "precision.learner", "precision.sampler", "data.task", "algorithm.loss_mode")
+RUN_IDENTITY = ("model.path", "precision.learner", "precision.sampler", "data.task", "data.path",
+                "algorithm.loss_mode")
 
 
 def _saved_config(path: pathlib.Path) -> dict[str, Any] | None:
@@ -151,15 +152,20 @@ def _saved_config(path: pathlib.Path) -> dict[str, Any] | None:
 
 
 def check_same_run(path: pathlib.Path, cfg: Config) -> None:
-    """Refuse to resume a directory that holds another run (another model, recipe, task or loss)."""
+    """Refuse to resume a directory that holds another run (another model, data, recipe, task or loss); with
+    ``trainer.resume=force`` say how it differs and continue it."""
     old = _saved_config(path)
     if old is None:
         return
     new = flatten(to_container(cfg))
     diff = [f"{k}={old.get(k)!r} (this command: {new.get(k)!r})" for k in RUN_IDENTITY if old.get(k) != new.get(k)]
-    if diff:
+    if diff and cfg.trainer.resume == "force":
+        print(f"[trainers] trainer.resume=force: continuing the run in {path.parent}, which differs: "
+              f"{'; '.join(diff)}", file=sys.stderr)
+    elif diff:
         raise ConfigError(f"trainer.output_dir={path.parent} holds another run: {'; '.join(diff)}. Choose another "
-                          "trainer.output_dir, or pass trainer.resume=never to start a new run there")
+                          "trainer.output_dir, pass trainer.resume=never to start a new run there, or "
+                          "trainer.resume=force to continue it with this command's settings")
 
 
 def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
@@ -295,7 +301,7 @@ class LocalTrainer:
         cfg = self.cfg
         if cfg.trainer.resume == "never":
             return None
-        explicit = cfg.trainer.resume != "auto"
+        explicit = cfg.trainer.resume not in ("auto", "force")
         candidates = [pathlib.Path(cfg.trainer.resume)] if explicit else checkpoints_newest_first(self.ckpt_root)
         if not candidates:
             return None

@@ -367,7 +367,7 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("trainer.save_freq", t.save_every if t.save_every > 0 else t.max_steps)
     put("trainer.default_local_dir", str(out / "checkpoints"))
     put("trainer.max_actor_ckpt_to_keep", t.keep_checkpoints)
-    if t.resume == "auto":
+    if t.resume in ("auto", "force"):  # verl keeps no run identity to compare
         put("trainer.resume_mode", "auto")
     elif t.resume == "never":
         put("trainer.resume_mode", "disable")
