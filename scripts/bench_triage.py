@@ -5,7 +5,8 @@
 
 Prints one JSON line. ``ratio`` = median(triage_policy_loss, with the §6 diagnostics) / median(vanilla + TIS);
 ``ratio_nodiag`` without the diagnostics; ``ratio_verl`` the registered verl loss "triage" called as
-``ppo_loss`` calls it (what the trainers run; only where verl is installed). The baseline is verl's
+``ppo_loss`` calls it (what verl runs; only where verl is installed); ``ratio_local`` the same loss as the local
+trainer calls it: the sampler's log-probs directly, the §6 diagnostics left to the once-per-step pass. The baseline is verl's
 ``compute_policy_loss_vanilla`` under ``seq-mean-token-mean`` with token TIS weights (C = 2) computed inline;
 without verl (the GPU machine) it is ``triage.baselines.vanilla_tis_loss``, the same operations, tested equal.
 """
@@ -136,11 +137,27 @@ def main() -> None:
             )
             loss.backward()
 
+        local_cfg = actor({"diagnostics": False})
+
+        def local_trainer():  # trainers.learner.actor: the sampler's log-probs, diagnostics once per step elsewhere
+            logp.grad = None
+            loss, _ = triage_fn(
+                old_log_prob=old,
+                log_prob=logp,
+                advantages=adv_bt,
+                response_mask=mask,
+                loss_agg_mode=mode,
+                config=local_cfg,
+                sampler_log_prob=sampler,
+            )
+            loss.backward()
+
         cands = {
             "vanilla_tis": vanilla,
             "triage": ours(full),
             "triage_nodiag": ours(nodiag),
             "triage_verl": through_verl,
+            "triage_local": local_trainer,
         }
         baseline = "verl.compute_policy_loss_vanilla"
     else:
@@ -175,6 +192,8 @@ def main() -> None:
         "ratio": round(med["triage"] / base, 3),
         "ratio_nodiag": round(med["triage_nodiag"] / base, 3),
         "ratio_verl": round(med["triage_verl"] / base, 3) if "triage_verl" in med else None,
+        "triage_local_ms": round(med["triage_local"], 3) if "triage_local" in med else None,
+        "ratio_local": round(med["triage_local"] / base, 3) if "triage_local" in med else None,
         "torch": torch.__version__,
         "verl": verl.__version__ if verl is not None else None,
     }

@@ -53,16 +53,15 @@ Aggregation (DP- and micro-batch-invariant)
     the size of the mini-batch rather than by how many other responses are positive. The metric
     ``triage/repair_loss`` reports the micro-batch's TRIAGE.md §4 value (``/ N_seg``) for monitoring.
 
-Local trainers call the loss the way ``ppo_loss`` does::
+Local trainers, which hold the sampler's log-probs, call the loss the way ``ppo_loss`` does but hand them over
+directly (``sampler_log_prob``, no exp/log round trip)::
 
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from triage.verl import make_rollout_is_weights
     loss_fn = get_policy_loss_fn("triage")
     actor_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mini_batch_mask.sum()),
                                        global_batch_size=mini_batch_responses, loss_scale_factor=None)
     loss, metrics = loss_fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                            loss_agg_mode=actor_cfg.loss_agg_mode, config=actor_cfg,
-                            rollout_is_weights=make_rollout_is_weights(old, sampler_logp, mask))
+                            loss_agg_mode=actor_cfg.loss_agg_mode, config=actor_cfg, sampler_log_prob=sampler_logp)
 """
 
 from __future__ import annotations
@@ -102,7 +101,7 @@ _ROUTE_HELP = (
     "algorithm.rollout_correction.rollout_is=token, "
     f"algorithm.rollout_correction.rollout_is_threshold={RAW_RATIO_THRESHOLD:g} and "
     "algorithm.rollout_correction.rollout_is_batch_normalize=false (triage.verl.verl_overrides() lists "
-    "them); local trainers pass rollout_is_weights=triage.verl.make_rollout_is_weights(old, sampler, mask)"
+    "them); local trainers pass sampler_log_prob=<the sampler's log-probs>"
 )
 
 
@@ -200,22 +199,32 @@ def compute_policy_loss_triage(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
+    sampler_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """TRIAGE as a verl policy loss (see the module docstring for routes and normalisation)."""
+    """TRIAGE as a verl policy loss (see the module docstring for routes and normalisation).
+
+    The gap comes from ``rollout_is_weights`` (verl's route: ``log`` of the raw ratios) or, for a caller that
+    has them (a local trainer), from the sampler's log-probs themselves: ``sampler_log_prob``, without the
+    exp/log round trip. Pass one of the two."""
     if config is None:
         raise ValueError("the 'triage' policy loss needs the actor config (verl passes config=ActorConfig)")
-    if rollout_is_weights is None:
+    if sampler_log_prob is not None and rollout_is_weights is not None:
+        raise ValueError("pass rollout_is_weights or sampler_log_prob to the 'triage' policy loss, not both")
+    if rollout_is_weights is None and sampler_log_prob is None:
         raise ValueError(_ROUTE_HELP)
     cfg = triage_config_from_actor(config)
     mask = response_mask.bool() if response_mask.dtype != torch.bool else response_mask
-    if tuple(rollout_is_weights.shape) != tuple(old_log_prob.shape):
-        raise ValueError(
-            f"shape mismatch: rollout_is_weights has shape {tuple(rollout_is_weights.shape)} but "
-            f"old_log_prob has shape {tuple(old_log_prob.shape)}"
-        )
-    with torch.no_grad():  # delta = old - sampler = log(w); -inf for a valid zero weight -> masked, counted
-        gap = torch.log(rollout_is_weights.detach().float())
-    f = fused_terms(log_prob, old_log_prob, advantages, mask, cfg, gap=gap)
+    if sampler_log_prob is not None:
+        f = fused_terms(log_prob, old_log_prob, advantages, mask, cfg, sampler_logp=sampler_log_prob)
+    else:
+        if tuple(rollout_is_weights.shape) != tuple(old_log_prob.shape):
+            raise ValueError(
+                f"shape mismatch: rollout_is_weights has shape {tuple(rollout_is_weights.shape)} but "
+                f"old_log_prob has shape {tuple(old_log_prob.shape)}"
+            )
+        with torch.no_grad():  # delta = old - sampler = log(w); -inf for a valid zero weight -> masked, counted
+            gap = torch.log(rollout_is_weights.detach().float())
+        f = fused_terms(log_prob, old_log_prob, advantages, mask, cfg, gap=gap)
     gbi = dict(_get(config, "global_batch_info", None) or {})
 
     with torch.no_grad():

@@ -28,9 +28,8 @@ def test_rollout_is_weights_routes():
     w, m = A.rollout_is_weights(tis, old, sampler, mask)
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0]]))
     assert any(k.startswith("rollout_corr/") for k in m)
-    # TRIAGE: raw ratio exp(old - sampler) = [e, 1], truncated inside the loss
-    w, _ = A.rollout_is_weights(AlgorithmConfig(loss_mode="triage"), old, sampler, mask)
-    torch.testing.assert_close(w, torch.tensor([[torch.e, 1.0]]))
+    # TRIAGE: no weights; the loss takes the sampler log-probs and truncates itself
+    assert A.rollout_is_weights(AlgorithmConfig(loss_mode="triage"), old, sampler, mask) == (None, {})
     assert A.rollout_is_weights(AlgorithmConfig(), old, sampler, mask)[0] is None
 
 
@@ -64,7 +63,8 @@ def test_micro_batching_is_invariant(tiny_model, loss_mode, agg):
                                       prompt_len=sub.prompt_len, with_entropy=False)
             loss, _ = A.micro_batch_loss(cfg, fn, logp=lp, entropy=None, old_logp=old[rows, :r],
                                          advantages=adv[rows, :r], mask=b.response_mask[rows, :r],
-                                         weights=None if w is None else w[rows, :r])
+                                         weights=None if w is None else w[rows, :r],
+                                         sampler_logp=b.sampler_logp[rows, :r])
             loss.backward()
         return param.grad.clone()
 

@@ -384,3 +384,29 @@ def test_verl_loss_reads_back_once_on_the_gpu_path(num_tokens, force_sync_free, 
     assert calls == ["tolist"], calls
     assert copies == []
     assert "triage/repair_loss" in metrics and math.isfinite(loss.item())
+
+
+def test_sampler_log_probs_route_equals_the_weights_route_without_the_round_trip():
+    """A local trainer hands the sampler's log-probs over directly: the loss and gradient equal verl's
+    rollout_is_weights route up to the fp32 rounding of exp/log; both at once, or neither, is an error."""
+    logp0, old, sampler, adv, mask = batch(3)
+    cfg = actor_config()
+    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=6,
+                                 loss_scale_factor=None)
+    a, b = logp0.clone().requires_grad_(), logp0.clone().requires_grad_()
+    la, ma = call(cfg, a, old, sampler, adv, mask)
+    lb, mb = tv.compute_policy_loss_triage(old_log_prob=old, log_prob=b, advantages=adv.unsqueeze(-1) * mask,
+                                           response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+                                           sampler_log_prob=sampler)
+    la.backward()
+    lb.backward()
+    assert mb["triage/gated_token_frac"] > 0  # the gate is engaged, so the comparison covers it
+    torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-7)
+    assert mb.keys() == ma.keys()
+    with pytest.raises(ValueError, match="not both"):
+        tv.compute_policy_loss_triage(old_log_prob=old, log_prob=b, advantages=adv.unsqueeze(-1) * mask,
+                                      response_mask=mask, config=cfg, sampler_log_prob=sampler,
+                                      rollout_is_weights=tv.make_rollout_is_weights(old, sampler, mask))
+    with pytest.raises(ValueError, match="rollout_is_weights"):
+        tv.compute_policy_loss_triage(old_log_prob=old, log_prob=b, advantages=adv, response_mask=mask, config=cfg)

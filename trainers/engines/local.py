@@ -390,7 +390,8 @@ class LocalTrainer:
                     loss, m = A.micro_batch_loss(
                         self.actor_cfg, self.loss_fn, logp=logp, entropy=ent if alg.entropy_coeff > 0 else None,
                         old_logp=old[micro, :r], advantages=adv[micro, :r], mask=mask[micro, :r],
-                        weights=None if weights is None else weights[micro, :r])
+                        weights=None if weights is None else weights[micro, :r],
+                        sampler_logp=batch.sampler_logp[micro, :r])
                     if not A.is_finite(loss.detach()):
                         nonfinite = True
                         break

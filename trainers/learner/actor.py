@@ -3,8 +3,10 @@
 * GRPO advantages: ``verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage`` on outcome rewards placed
   on the last response token, ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``.
 * Rollout correction (TIS, report §3.1 [10]): ``verl.trainer.ppo.rollout_corr_helper.
-  compute_rollout_correction_weights(old - sampler, mask, rollout_is, threshold)``; for ``loss_mode=triage``
-  the raw ratios ``exp(old - sampler)`` (``triage.verl.make_rollout_is_weights``), TRIAGE truncates itself.
+  compute_rollout_correction_weights(old - sampler, mask, rollout_is, threshold)``. ``loss_mode=triage``
+  takes the sampler's log-probs themselves (``sampler_log_prob``: the gap without verl's exp/log route) and
+  applies its own TIS cap; its §6 diagnostics are computed once per step on the whole batch
+  (``triage.mismatch_metrics``, by the engine), so the loss skips them in every micro-batch.
 * Policy loss: ``get_policy_loss_fn(loss_mode)(old_log_prob=..., log_prob=..., advantages=...,
   response_mask=..., loss_agg_mode=..., config=ActorConfig, rollout_is_weights=...)`` with
   ``config.global_batch_info`` holding the *mini-batch* token / sequence counts, exactly as
@@ -30,7 +32,8 @@ def build_actor_config(alg: AlgorithmConfig, *, micro_batch_size: int, mini_batc
     if alg.loss_mode == "triage":
         from triage.verl import TriagePolicyLossConfig
 
-        policy_loss = TriagePolicyLossConfig(loss_mode="triage", triage=dict(alg.triage))
+        # diagnostics off: the engine computes them once per step over the whole batch (the same values)
+        policy_loss = TriagePolicyLossConfig(loss_mode="triage", triage={**dict(alg.triage), "diagnostics": False})
     else:
         policy_loss = PolicyLossConfig(loss_mode=alg.loss_mode)
     return ActorConfig(strategy="fsdp", ppo_mini_batch_size=mini_batch_size,
@@ -70,10 +73,8 @@ def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, group_ids
 
 def rollout_is_weights(alg: AlgorithmConfig, old_logp: torch.Tensor, sampler_logp: torch.Tensor,
                        mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-    if alg.loss_mode == "triage":
-        from triage.verl import make_rollout_is_weights
-
-        return make_rollout_is_weights(old_logp, sampler_logp, mask), {}
+    if alg.loss_mode == "triage":  # TRIAGE takes the sampler log-probs themselves (micro_batch_loss)
+        return None, {}
     rc = alg.rollout_correction
     if rc.rollout_is is None:
         return None, {}
@@ -97,13 +98,20 @@ def set_global_batch_info(actor_cfg, *, num_tokens: int, num_seqs: int) -> None:
 
 def micro_batch_loss(actor_cfg, loss_fn, *, logp: torch.Tensor, entropy: torch.Tensor | None,
                      old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                     weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's ``ppo_loss`` body for one micro-batch (policy loss + entropy bonus)."""
+                     weights: torch.Tensor | None, sampler_logp: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's ``ppo_loss`` body for one micro-batch (policy loss + entropy bonus). The TRIAGE loss gets
+    ``sampler_logp`` itself; the others get the rollout-correction ``weights``."""
     from verl.trainer.ppo.core_algos import agg_loss
 
     bmask = mask.bool()
+    route = {"rollout_is_weights": weights}
+    if actor_cfg.policy_loss.loss_mode == "triage":
+        if sampler_logp is None:
+            raise ValueError("the triage loss needs the sampler's log-probs (sampler_logp)")
+        route = {"sampler_log_prob": sampler_logp}
     loss, metrics = loss_fn(old_log_prob=old_logp, log_prob=logp, advantages=advantages, response_mask=bmask,
-                            loss_agg_mode=actor_cfg.loss_agg_mode, config=actor_cfg, rollout_is_weights=weights)
+                            loss_agg_mode=actor_cfg.loss_agg_mode, config=actor_cfg, **route)
     out = {k: float(v) for k, v in metrics.items() if _is_number(v)}
     out["actor/pg_loss"] = float(loss.detach())
     if entropy is not None and actor_cfg.entropy_coeff:
