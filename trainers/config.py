@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from minite_kernels.choices import did_you_mean
+from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = "default"
@@ -109,12 +110,12 @@ class AlgorithmConfig:
     loss_mode: str = "vanilla"  # a verl policy loss: vanilla | triage | gspo | ...
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = "token-mean"
-    clip_ratio: float = 0.2
-    clip_ratio_low: float = 0.2
-    # 0.28: DAPO's clip-higher, this trainer's default. verl's actor config (and triage.TriageConfig, used on its
-    # own) default to 0.2; the trainer passes its value to whichever loss runs, so the two never mix in a run
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: float = 3.0
+    # the PPO clip ratios' single definition is triage.config (DAPO's clip-higher 0.2 / 0.28, dual clip 3); the
+    # trainer passes its values to whichever loss runs. clip_ratio: verl's symmetric fallback for an unset side
+    clip_ratio: float = CLIP_RATIO_LOW
+    clip_ratio_low: float = CLIP_RATIO_LOW
+    clip_ratio_high: float = CLIP_RATIO_HIGH
+    clip_ratio_c: float = CLIP_RATIO_C
     entropy_coeff: float = 0.0
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per PPO epoch

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW
+
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (torch.where(mask.bool(), x, 0.0) * mask).sum()
@@ -29,9 +31,9 @@ def vanilla_tis_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_low: float = CLIP_RATIO_LOW,
+    clip_ratio_high: float = CLIP_RATIO_HIGH,
+    clip_ratio_c: float = CLIP_RATIO_C,
     tis_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``advantages`` ``[B, T]`` (as verl passes them), ``mask`` bool ``[B, T]``."""

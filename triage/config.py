@@ -3,8 +3,10 @@
 Values the report publishes (§3.1, Appendix B): 64-token gate segments, mean tiers -1.5 / -0.5 with
 weights 0.1 / 0.3 / 1.0, tail threshold -6 with cap k = 2 and attenuation 0.9, 128-token repair
 segments, pseudo-Huber repair. Values it does not publish are chosen in ``docs/TRIAGE.md`` and are
-marked "(ours)": repair boundary -0.5, Huber delta 1.0, repair coefficient 0.1. The TIS cap C = 2 and
-the PPO clip ratios follow verl's defaults.
+marked "(ours)": repair boundary -0.5, Huber delta 1.0, repair coefficient 0.1. The TIS cap C = 2 follows
+verl's default. The PPO clip ratios are not published either: the project's single definition is
+:data:`CLIP_RATIO_LOW`, :data:`CLIP_RATIO_HIGH` and :data:`CLIP_RATIO_C` below, which the trainer's
+``algorithm.clip_ratio_*`` defaults also use.
 
 Example::
 
@@ -26,6 +28,13 @@ from typing import Any
 
 from minite_kernels.choices import did_you_mean
 
+#: PPO clip range [1 - low, 1 + high] and dual-clip bound for A < 0. The report does not state its values;
+#: these are DAPO's clip-higher (0.28 above, 0.2 below) and verl's dual-clip 3. verl's own actor defaults to 0.2
+#: above, so ``triage.verl.verl_overrides`` always passes the ratios.
+CLIP_RATIO_LOW = 0.2
+CLIP_RATIO_HIGH = 0.28
+CLIP_RATIO_C = 3.0
+
 
 @dataclass(frozen=True)
 class TriageConfig:
@@ -46,11 +55,11 @@ class TriageConfig:
     repair_boundary: float = -0.5
     repair_huber_delta: float = 1.0
     repair_coef: float = 0.1
-    # §1 TIS and PPO clipping (verl defaults)
+    # §1 TIS (verl's default cap) and PPO clipping (the constants above)
     tis_cap: float = 2.0
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
+    clip_ratio_low: float = CLIP_RATIO_LOW
+    clip_ratio_high: float = CLIP_RATIO_HIGH
+    clip_ratio_c: float = CLIP_RATIO_C
     # ablation switches
     gate: bool = True
     repair: bool = True

@@ -276,19 +276,16 @@ def verl_overrides(
         f"algorithm.rollout_correction.rollout_is_threshold={RAW_RATIO_THRESHOLD:.1e}",
         "algorithm.rollout_correction.rollout_is_batch_normalize=false",
     ]
-    if triage is not None:
-        values = (
-            triage.to_dict()
-            if isinstance(triage, TriageConfig)
-            else dict(TriageConfig.from_mapping(triage).to_dict())
-        )
-        defaults = TriageConfig().to_dict()
-        for key, value in values.items():
-            if value == defaults[key]:
-                continue
-            text = str(value).lower() if isinstance(value, bool) else repr(value)
-            if key.startswith("clip_ratio"):  # PPO clipping is read from the actor config, as in vanilla
-                overrides.append(f"actor_rollout_ref.actor.{key}={text}")
-            else:
-                overrides.append(f"+actor_rollout_ref.actor.policy_loss.triage.{key}={text}")
+    values = (
+        triage.to_dict()
+        if isinstance(triage, TriageConfig)
+        else dict(TriageConfig.from_mapping(triage or {}).to_dict())
+    )
+    defaults = TriageConfig().to_dict()
+    for key, value in values.items():
+        text = str(value).lower() if isinstance(value, bool) else repr(value)
+        if key.startswith("clip_ratio"):  # read from the actor config, as in vanilla; verl's defaults differ
+            overrides.append(f"actor_rollout_ref.actor.{key}={text}")
+        elif value != defaults[key]:
+            overrides.append(f"+actor_rollout_ref.actor.policy_loss.triage.{key}={text}")
     return overrides

@@ -15,7 +15,7 @@ def test_defaults_match_spec():
     assert (c.gate_tail_threshold, c.gate_tail_k_cap, c.gate_tail_attenuation) == (-6.0, 2, 0.9)
     assert (c.repair_boundary, c.repair_huber_delta, c.repair_coef) == (-0.5, 1.0, 0.1)
     assert c.tis_cap == 2.0
-    assert (c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_c) == (0.2, 0.2, 3.0)
+    assert (c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_c) == (0.2, 0.28, 3.0)
     assert c.gate and c.repair and c.tis
 
 

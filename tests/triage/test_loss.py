@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from triage import TriageConfig, triage_policy_loss
+from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW
 
 C4 = TriageConfig(gate_segment_len=4, repair_segment_len=4)
 
@@ -37,16 +38,17 @@ def test_hand_computed_gate_and_normalisation():
 
 
 def test_hand_computed_clipping_and_dual_clip():
-    # row 0: A = +1, ratio = 1.5 > 1.2 -> l = max(-1.5, -1.2) = -1.2 (clipped, no gradient)
-    # row 1: A = -1, ratio = 4 -> c1 = max(4, 1.2) = 4, dual clip min(3, 4) = 3 (no gradient)
+    # default clip range [0.8, 1.28], dual clip 3
+    # row 0: A = +1, ratio = 1.5 > 1.28 -> l = max(-1.5, -1.28) = -1.28 (clipped, no gradient)
+    # row 1: A = -1, ratio = 4 -> c1 = max(4, 1.28) = 4, dual clip min(3, 4) = 3 (no gradient)
     old = torch.zeros(2, 1)
     logp = torch.log(torch.tensor([[1.5], [4.0]])).requires_grad_()
     cfg = TriageConfig(gate=False, repair=False)
     loss, metrics = triage_policy_loss(logp, old, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), cfg)
-    assert loss.item() == pytest.approx((-1.2 + 3.0) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx((-1.28 + 3.0) / 2, rel=1e-6)
     loss.backward()
     assert torch.all(logp.grad == 0)
-    # verl's pg_clipfrac counts l2 > l1: row 0 (-1.2 > -1.5) yes, row 1 (1.2 > 4) no -> 0.5
+    # verl's pg_clipfrac counts l2 > l1: row 0 (-1.28 > -1.5) yes, row 1 (1.28 > 4) no -> 0.5
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
     # pg_clipfrac_lower counts A < 0 and c1 > -A * clip_ratio_c: row 1 (4 > 3) -> 1 of 2 tokens
     assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(0.5)
@@ -139,8 +141,9 @@ def _vanilla_tis(logp, old, sampler, adv, mask):
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
     from verl.workers.config import ActorConfig
 
-    cfg = ActorConfig(
-        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean"
+    cfg = ActorConfig(  # the clip ratios of TriageConfig's defaults (verl's own default 0.2 above)
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean",
+        clip_ratio_low=CLIP_RATIO_LOW, clip_ratio_high=CLIP_RATIO_HIGH, clip_ratio_c=CLIP_RATIO_C,
     )
     w, _ = compute_rollout_correction_weights(
         old - sampler, mask, rollout_is="token", rollout_is_threshold=2.0

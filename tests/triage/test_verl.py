@@ -19,9 +19,12 @@ from verl.workers.config import ActorConfig
 
 import triage.verl as tv
 from triage import TriageConfig, triage_policy_loss
+from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW
 
 
 def actor_config(mode="seq-mean-token-mean", triage=None, **kw):
+    """A verl ActorConfig with TriageConfig's clip ratios unless given (verl's own default is 0.2 above)."""
+    kw = {"clip_ratio_low": CLIP_RATIO_LOW, "clip_ratio_high": CLIP_RATIO_HIGH, "clip_ratio_c": CLIP_RATIO_C, **kw}
     pl = tv.TriagePolicyLossConfig(triage=triage or {})
     return ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, policy_loss=pl, **kw
@@ -243,7 +246,8 @@ def test_hydra_config_reaches_the_loss():
     from verl.utils.config import omega_conf_to_dataclass
 
     cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    overrides = tv.verl_overrides({"gate": False, "repair_coef": 0.05, "clip_ratio_high": 0.28})
+    # clip_ratio_high is TriageConfig's default (0.28) and still reaches verl, whose actor default is 0.2
+    overrides = tv.verl_overrides({"gate": False, "repair_coef": 0.05})
     overrides.append("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
     with initialize_config_dir(config_dir=cfg_dir, version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
