@@ -58,6 +58,7 @@ study)
     if [ ! -d "$study_dir" ] && [ -d benchmarks/learning/study_arithmetic ]; then
         cp -r benchmarks/learning/study_arithmetic "$study_dir"
     fi
+    # STUDY_SECONDS - TRAIN_SECONDS holds the runs' last step and save after SIGTERM (at most 90 s) and any evals
     step study "${STUDY_SECONDS:-560}" python3 -m trainers.study recipes/studies/arithmetic.yaml \
         --train-seconds "${TRAIN_SECONDS:-420}" output_dir=$study_dir ${STUDY_ARGS:-}
     if ! grep -q '^study rc=[01] ' "$out/summary.txt"; then  # killed: summarise what is on disk

@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise
-    print(json.dumps({"run_dir": result["run_dir"], "checkpoint": result["checkpoint"]}))
+    print(json.dumps({"run_dir": result["run_dir"], "checkpoint": result["checkpoint"],
+                      "stopped": result.get("stopped", False)}))
+    if result.get("stopped"):  # SIGTERM: the step in progress finished and was saved (trainers.stopping)
+        from trainers.stopping import EXIT_STOPPED
+
+        return EXIT_STOPPED
     return 0
 
 

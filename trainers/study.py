@@ -6,7 +6,8 @@ A study is training recipes (arms) x seeds on one task. Each cell is an ordinary
 (the policy as it was trained and sampled) in ``<run>/eval/<checkpoint>``, unless the run evaluated that step itself
 (``eval.every``: every run evaluates at the same steps, inside its process), and of the untrained model once per
 distinct eval setting in ``<output_dir>/step0/`` (the baseline; ``eval.step0: false`` skips it). ``--train-seconds N`` stops training
-after N seconds (the runs resume from their last checkpoint next time) and evaluates what was reached. At the end the study writes
+after N seconds: each run gets SIGTERM, finishes and saves the step in progress (killed if it takes longer than
+``STOP_GRACE_S``), resumes from there next time, and what was reached is evaluated. At the end the study writes
 
     summary.json   {"runs": [{recipe, seed, steps, final_reward, eval_accuracy, abs_gap_mean, ...}], "arms": {...}}
     table.md       per arm, mean +- sample std over seeds: reward at equal steps, held-out accuracy (of the last
@@ -58,6 +59,10 @@ STEP_MEANS = {
     "triage/repair_loss": "repair_loss",
     "response/length_mean": "response_length",
 }
+
+
+#: seconds a run stopped at the time limit gets to finish its step and save it before it is killed
+STOP_GRACE_S = 90.0
 
 
 class StudyError(ValueError):
@@ -262,11 +267,20 @@ def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say
 def _schedule(pending, running, status, parallel, env, say, stop_at, before):
     while pending or running:
         if stop_at is not None and time.monotonic() >= stop_at:
-            for name, (proc, _) in running.items():
+            # SIGTERM: each run finishes its step and saves it (trainers.stopping); after STOP_GRACE_S, SIGKILL
+            for proc, _ in running.values():
                 proc.terminate()
-                proc.wait()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for name, (proc, _) in running.items():
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    how = "after saving its step"
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    how = f"killed after {STOP_GRACE_S:.0f} s"
                 status[name] = None
-                say(f"stopped {name} at the time limit (it resumes from its last checkpoint)")
+                say(f"stopped {name} at the time limit, {how} (it resumes from its last checkpoint)")
             for name, _, _ in pending:
                 status[name] = None
             return status

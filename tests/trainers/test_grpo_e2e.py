@@ -231,6 +231,36 @@ def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, unin
     assert _stable(read_metrics(part)) == uninterrupted
 
 
+def test_sigterm_finishes_the_step_saves_it_and_resumes_exactly(tiny_model_dir, tmp_path, uninterrupted):
+    """`kill -TERM` (a pre-emption notice, a study's time limit) of `python -m trainers.grpo`: the run finishes
+    the step in progress, saves it although save_every would not, exits with 143, and resumes exactly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    part = tmp_path / "stopped"
+    args = [*RESUME_COMMON, "trainer.save_every=0", "trainer.max_steps=3", *_args(tiny_model_dir, part)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainers.grpo", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not read_metrics(part):
+        time.sleep(0.05)
+    stopped_early = proc.poll() is None
+    if stopped_early:
+        os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert stopped_early, "the run finished before SIGTERM"
+    steps = [r["step"] for r in read_metrics(part)]
+    assert proc.returncode == 143, err[-2000:]
+    assert steps and steps[-1] < 3 and json.loads(out.splitlines()[-1])["stopped"] is True
+    assert (part / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
+    assert f"SIGTERM: stopped after step {steps[-1]}, its checkpoint saved" in err
+    run_local(load_config(args))
+    assert _stable(read_metrics(part)) == uninterrupted
+
+
 def test_nan_steps_are_skipped_then_stop(tiny_model_dir, tmp_path):
     from verl.trainer.ppo.core_algos import register_policy_loss
 

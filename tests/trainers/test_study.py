@@ -214,3 +214,28 @@ def test_a_strict_arm_gets_its_own_untrained_baseline(tmp_path):
     plain, strict = step0_args(cfg, "nvfp4"), step0_args(cfg, "strict_nvfp4")
     assert "--alignment" not in plain[1] and strict[1][strict[1].index("--alignment") + 1] == "strict"
     assert plain[0] != strict[0]
+
+
+def test_time_limit_lets_runs_save_their_step_then_kills_the_stragglers(tmp_path, monkeypatch):
+    """At the time limit every run gets SIGTERM at once; one that exits within the grace period (a trainer
+    saving its step) is waited for, one that does not is killed."""
+    import sys
+    import time
+
+    from trainers import study
+
+    monkeypatch.setattr(study, "STOP_GRACE_S", 3.0)
+    graceful = ("import signal, sys, time, pathlib\n"
+                "def bye(*_):\n    time.sleep(0.5); pathlib.Path(sys.argv[1]).write_text('saved'); sys.exit(143)\n"
+                "signal.signal(signal.SIGTERM, bye)\ntime.sleep(60)\n")
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    jobs = [("a", [sys.executable, "-c", graceful, str(tmp_path / "a.saved")], tmp_path / "a.log"),
+            ("b", [sys.executable, "-c", stubborn], tmp_path / "b.log")]
+    said: list[str] = []
+    t0 = time.monotonic()
+    status = study._run_all(jobs, 2, said.append, stop_at=t0 + 2.0)
+    assert status == {"a": None, "b": None}
+    assert (tmp_path / "a.saved").read_text() == "saved"
+    assert any("stopped a at the time limit, after saving its step" in m for m in said), said
+    assert any("stopped b at the time limit, killed after 3 s" in m for m in said), said
+    assert time.monotonic() - t0 < 20

@@ -40,6 +40,7 @@ from trainers.rewards.registry import load_reward_fn, score_one
 from trainers.rollout import SamplingParams, make_sampler
 from trainers.rollout.decoder import UnsupportedModel
 from trainers.runlock import RunLock
+from trainers.stopping import GracefulStop
 from trainers.tracking import Tracker
 
 ENV_ECHO_PREFIXES = ("MINITE_", "WANDB_MODE", "WANDB_PROJECT", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
@@ -555,30 +556,39 @@ class LocalTrainer:
         self.setup()
         tracker = Tracker(cfg, self.run_dir, start_step=self.start_step, meta=self.meta)
         last: dict[str, float] = {}
-        try:
-            for step in range(self.start_step, cfg.trainer.max_steps):
-                last = self.step(step)
-                done = step + 1
-                if heldout.due(cfg, done) and self.state["consecutive_nan"] == 0:
-                    last.update(heldout.evaluate(cfg, done, sampler=self.sampler, tokenizer=self.tok,
-                                                 precision=self.precision, device=self.device,
-                                                 run_dir=self.run_dir))
-                tracker.log(done, last)
-                if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
-                    raise TrainingDiverged(
-                        f"{self.state['consecutive_nan']} consecutive steps had a non-finite loss or gradient "
-                        f"(last at step {done}); stopping. The last good checkpoint is "
-                        f"{latest_checkpoint(self.ckpt_root) or '(none yet)'}, untouched.")
-                if self.state["consecutive_nan"] == 0 and (
-                        (cfg.trainer.save_every and done % cfg.trainer.save_every == 0)
-                        or (done == cfg.trainer.max_steps and cfg.trainer.save_final)):
-                    self.save(done)
-        finally:
-            tracker.close()
-            _write_meta(self.run_dir, {"sampler": self.sampler.describe()})
+        stopped = False
+        with GracefulStop() as stop:
+            try:
+                for step in range(self.start_step, cfg.trainer.max_steps):
+                    last = self.step(step)
+                    done = step + 1
+                    if heldout.due(cfg, done) and self.state["consecutive_nan"] == 0:
+                        last.update(heldout.evaluate(cfg, done, sampler=self.sampler, tokenizer=self.tok,
+                                                     precision=self.precision, device=self.device,
+                                                     run_dir=self.run_dir))
+                    tracker.log(done, last)
+                    if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
+                        raise TrainingDiverged(
+                            f"{self.state['consecutive_nan']} consecutive steps had a non-finite loss or gradient "
+                            f"(last at step {done}); stopping. The last good checkpoint is "
+                            f"{latest_checkpoint(self.ckpt_root) or '(none yet)'}, untouched.")
+                    healthy = self.state["consecutive_nan"] == 0
+                    if healthy and (stop.requested or (cfg.trainer.save_every and done % cfg.trainer.save_every == 0)
+                                    or (done == cfg.trainer.max_steps and cfg.trainer.save_final)):
+                        self.save(done)
+                    if stop.requested and done < cfg.trainer.max_steps:
+                        stopped = True
+                        saved = "its checkpoint saved" if healthy else \
+                            "not saved (a non-finite step): the last good checkpoint stays"
+                        print(f"[trainers] SIGTERM: stopped after step {done}, {saved}; trainer.resume=auto "
+                              "continues there", file=sys.stderr)
+                        break
+            finally:
+                tracker.close()
+                _write_meta(self.run_dir, {"sampler": self.sampler.describe()})
         ckpt = str(latest_checkpoint(self.ckpt_root) or "")
         self._report(ckpt)
-        return {"run_dir": str(self.run_dir), "last_step_metrics": last, "checkpoint": ckpt}
+        return {"run_dir": str(self.run_dir), "last_step_metrics": last, "checkpoint": ckpt, "stopped": stopped}
 
     def _report(self, checkpoint: str) -> None:
         """Write ``curves.png`` (the Figure-2 panels) and print the end-of-run summary; a plotting failure
