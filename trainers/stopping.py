@@ -25,7 +25,7 @@ class GracefulStop:
         self.requested = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
 
-    def __enter__(self) -> GracefulStop:
+    def __enter__(self) -> GracefulStop:  # noqa: PYI034 - Self needs Python 3.11; 3.10 is supported
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self

@@ -39,7 +39,6 @@ import json
 import math
 import os
 import pathlib
-import shutil
 import signal
 import statistics
 import subprocess

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainers import heldout
 from trainers.checkpoint import (
     CheckpointError,
     atomic_write_text,
@@ -29,7 +30,6 @@ from trainers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainers import heldout
 from trainers.config import Config, ConfigError, flatten, to_container, to_yaml
 from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
