@@ -28,10 +28,13 @@ math_verify, gguf; import ray; print('imports ok', ray.__file__)"
     [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu \
         -k "nvfp4 or weight_update" -q -p no:cacheprovider -rfE
     # the kernels' GPU tests that switch execution options (minite_kernels.options) or cover the decode factor
-    [ "${SKIP_KERNEL_TESTS:-0}" = 1 ] || step kernel_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider \
-        -rfE tests/minite_kernels/test_triton_kernels.py tests/minite_kernels/test_triton_decode.py \
-        tests/minite_kernels/test_fast_lane.py tests/minite_kernels/test_patching.py \
-        tests/minite_kernels/test_triton_launcher.py tests/minite_kernels/test_host_overhead.py
+    # (KERNEL_TESTS overrides the list, e.g. to run what an earlier call's time limit cut off)
+    kernel_tests=${KERNEL_TESTS:-"tests/minite_kernels/test_triton_kernels.py tests/minite_kernels/test_triton_decode.py \
+tests/minite_kernels/test_fast_lane.py tests/minite_kernels/test_patching.py tests/minite_kernels/test_triton_launcher.py \
+tests/minite_kernels/test_host_overhead.py"}
+    # shellcheck disable=SC2086
+    [ "${SKIP_KERNEL_TESTS:-0}" = 1 ] || step kernel_gpu_tests "${KERNEL_SECONDS:-240}" python3 -m pytest -m gpu -q \
+        -p no:cacheprovider -rfE $kernel_tests
     ;;
 carry2)
     # issue #19 checks (RUN_ROLLOUT_CHECKS=1): torch.compile's cudagraph trees around the NVFP4 op, and
