@@ -248,14 +248,13 @@ def _launch(cmd: list[str], log: pathlib.Path, env: dict[str, str]) -> subproces
 
 
 def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say,
-             stop_at: float | None = None, before=None) -> dict[str, int | None]:
+             stop_at: float | None = None) -> dict[str, int | None]:
     """Run ``(name, cmd, log)`` jobs, ``parallel`` at a time; returns each name's exit status. At ``stop_at``
-    (a ``time.monotonic()`` value) running jobs are terminated and pending ones skipped: status None.
-    ``before(name)``, if given, runs just before a job starts."""
+    (a ``time.monotonic()`` value) running jobs are terminated and pending ones skipped: status None."""
     env = _child_env(parallel)
     pending, running, status = list(jobs), {}, {}
     try:
-        return _schedule(pending, running, status, parallel, env, say, stop_at, before)
+        return _schedule(pending, running, status, parallel, env, say, stop_at)
     finally:  # interrupted (Ctrl-C, a kill of the study): no run keeps going unwatched, holding its directory
         for proc, _ in running.values():
             if proc.poll() is None:
@@ -263,7 +262,7 @@ def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say
                 proc.wait()
 
 
-def _schedule(pending, running, status, parallel, env, say, stop_at, before):
+def _schedule(pending, running, status, parallel, env, say, stop_at):
     while pending or running:
         if stop_at is not None and time.monotonic() >= stop_at:
             # SIGTERM: each run finishes its step and saves it (trainers.stopping); after STOP_GRACE_S, SIGKILL
@@ -285,8 +284,6 @@ def _schedule(pending, running, status, parallel, env, say, stop_at, before):
             return status
         while pending and len(running) < parallel:
             name, cmd, log = pending.pop(0)
-            if before is not None:
-                before(name)
             say(f"start {name} (log {log})")
             running[name] = (_launch(cmd, log, env), time.monotonic())
         time.sleep(0.2)
