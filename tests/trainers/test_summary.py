@@ -26,3 +26,13 @@ def test_summary_without_steps_or_plot():
     assert run_summary(pathlib.Path("r"), [], "", None) == "[trainers] no steps logged in r"
     text = run_summary(pathlib.Path("r"), [{"step": 1}], "", None)
     assert "reward/mean n/a (step 1) -> n/a (step 1)" in text and "next:" not in text and "curves:" not in text
+
+
+def test_summary_shows_the_runs_own_held_out_evals():
+    rows = [{"step": 1, "reward/mean": 0.1}, {"step": 4, "reward/mean": 0.2, "val/arithmetic": 0.72, "val/average": 0.72},
+            {"step": 8, "reward/mean": 0.3, "val/arithmetic": 0.9, "val/average": 0.9}]
+    text = run_summary(pathlib.Path("r"), rows, "", None)
+    assert "  held-out (eval.every): arithmetic 0.72 (step 4) -> 0.9 (step 8)" in text.splitlines()
+    one = run_summary(pathlib.Path("r"), rows[:2], "", None)
+    assert "  held-out (eval.every): arithmetic 0.72 (step 4)" in one.splitlines()
+    assert "held-out" not in run_summary(pathlib.Path("r"), rows[:1], "", None)
