@@ -32,6 +32,28 @@ def due(cfg: Config, step: int) -> bool:
     return bool(every) and (step % every == 0 or step == cfg.trainer.max_steps)
 
 
+def check(cfg: Config) -> None:
+    """Load what the evals need (each task's rows, IFEval's checkers) before training starts, so a missing piece
+    fails now, not at the first eval step."""
+    if not cfg.eval.every:
+        return
+    from eval.data import load_rows
+    from eval.task import get_task
+
+    from trainers.config import ConfigError
+
+    for name in cfg.eval.tasks:
+        task = get_task(name)
+        try:
+            load_rows(task)
+            if task.name == "ifeval":
+                from eval.ifeval_checkers import instruction_registry
+
+                instruction_registry()
+        except (OSError, ValueError, ImportError) as e:
+            raise ConfigError(f"eval.tasks: {name} cannot be evaluated: {e}") from None
+
+
 def eval_dir(run_dir: pathlib.Path, step: int) -> pathlib.Path:
     """``<run>/eval/step_<N>``: named as the checkpoint of that step (``trainers.checkpoint``)."""
     return run_dir / "eval" / f"step_{step:06d}"

@@ -223,6 +223,7 @@ class LocalTrainer:
         np.random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         self.examples = load_examples(cfg.data)  # data errors surface before the model loads
+        heldout.check(cfg)  # and so do missing eval data or checkers
         self.reward_fn, self.reward_name = load_reward_fn(cfg.reward.fn)
         self.loss_fn = A.policy_loss_fn(cfg.algorithm.loss_mode)
         if self._injected is not None:
