@@ -174,7 +174,7 @@ def _cmd_compare(a: argparse.Namespace) -> int:
 def _expected_errors() -> tuple[type[BaseException], ...]:
     """Bad input and missing optional dependencies: reported in one line, without a traceback."""
     errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, ImportError)
-    models = sys.modules.get("trainers.models")
+    models = sys.modules.get("rollout.models")
     return errors + ((models.ModelLoadError,) if models is not None else ())
 
 

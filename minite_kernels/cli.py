@@ -258,7 +258,7 @@ def _load_model(path: str):
     """(model, tokenizer) in fp32 on the CPU: the project's loader when present (it knows the embedded
     ``smollm2-135m-instruct``), else transformers."""
     try:
-        from trainers.models import load_model_and_tokenizer
+        from rollout.models import load_model_and_tokenizer
     except ImportError:  # minite_kernels used on its own
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

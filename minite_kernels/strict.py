@@ -293,7 +293,7 @@ def _sdpa(bi, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """The strict form of ``trainers.rollout.attention.decode_attention``: ``q [B, Hkv, rep, D]`` (one new
+    """The strict form of ``rollout.attention.decode_attention``: ``q [B, Hkv, rep, D]`` (one new
     token per row) over the cache ``k`` / ``v [B, Hkv, S, D]``, row b attending slots ``[start[b], end)``.
     The same program as that token's row in the learner's full causal pass (``batch_invariant.attention``) where
     the active StrictMode runs the kernels; where it runs fp64 (CPU), SDPA over the valid slots, in fp64."""

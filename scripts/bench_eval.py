@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.engines.base import render_prompt
     from eval.engines.local import LocalEngine
     from eval.runner import RunConfig, run_eval
-    from trainers.models import stop_token_ids, tiny_random_qwen3
+    from rollout.models import stop_token_ids, tiny_random_qwen3
 
     dtype = "bfloat16" if cuda else "float32"
     model, tok = tiny_random_qwen3(ROOT / "tests" / "assets" / "qwen3_tokenizer", dtype=dtype,

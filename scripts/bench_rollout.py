@@ -5,12 +5,12 @@
 
 Variants (``--variants``, comma-separated):
 
-- ``graph_bf16`` / ``graph_nvfp4``: the CUDA-graph engine (``trainers.rollout.graph_sampler``), the model in
+- ``graph_bf16`` / ``graph_nvfp4``: the CUDA-graph engine (``rollout.graph_sampler``), the model in
   bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
   Triton decode-attention kernel; ``graph-nopack_*``: without packed q/k/v and gate/up GEMMs;
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
-- ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``trainers.rollout.local``);
+- ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
   (its auto-compiled decode; the NVFP4 linears go through ``torch.compile`` as minite's custom op).
 
@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from rollout import GraphSampler, LocalSampler, SamplingParams
+    from rollout.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
-    from trainers.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
-    from trainers.rollout import GraphSampler, LocalSampler, SamplingParams
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             def run():
                 return sampler.generate(prompts, params)
         else:
-            from trainers.rollout.local import left_pad
+            from rollout.local import left_pad
 
             ids, mask, _ = left_pad(prompts, sampler_pad(tok), dev)
 

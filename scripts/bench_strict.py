@@ -43,9 +43,9 @@ def run_mode(base, tok, mode: str, recipe: str, prompts, new_tokens: int, dev) -
 
     from minite_kernels import quantize_model
     from minite_kernels.strict import StrictMode
+    from rollout import SamplingParams, make_sampler
     from trainers.learner.batch import collate
     from trainers.learner.logprobs import response_logprobs
-    from trainers.rollout import SamplingParams, make_sampler
 
     model = copy.deepcopy(base).to(dev)
     if recipe != "bf16":
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainers.models import QWEN3_0_6B_SHAPES, load_model_and_tokenizer, tiny_random_qwen3
+    from rollout.models import QWEN3_0_6B_SHAPES, load_model_and_tokenizer, tiny_random_qwen3
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu"}))

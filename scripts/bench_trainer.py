@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from rollout import SamplingParams, make_sampler
+    from rollout.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
     from trainers.engines.local import _triton_kernels_ok
-    from trainers.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
-    from trainers.rollout import SamplingParams, make_sampler
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))

@@ -15,14 +15,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 source "$(dirname "$0")/device_common.sh"
 case "${1:-}" in
 first)
-    step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py tests/trainers/test_attention.py \
+    step gpu_tests 150 python3 -m pytest tests/rollout/test_graph_sampler.py tests/rollout/test_attention.py \
         tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
     step rollout 230 python3 scripts/bench_rollout.py \
         --variants graph_bf16,graph_nvfp4,graph-sdpa_bf16,loop_bf16,hf_static_bf16,hf_static_nvfp4 --profile "$out/prof"
     step trainer 130 python3 scripts/bench_trainer.py --reps 2
     ;;
 final)
-    step gpu_tests 110 python3 -m pytest tests/trainers/test_graph_sampler.py tests/trainers/test_attention.py \
+    step gpu_tests 110 python3 -m pytest tests/rollout/test_graph_sampler.py tests/rollout/test_attention.py \
         tests/minite_kernels/test_compile_op.py -m gpu -q -p no:cacheprovider -rfE
     step rollout 230 python3 scripts/bench_rollout.py --profile "$out/prof" \
         --variants graph_bf16,graph_nvfp4,graph-nopack_bf16,loop_bf16,hf_static_bf16,hf_static_nvfp4
@@ -33,7 +33,7 @@ step)
     step gpu_suite 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE
     ;;
 packed)
-    step gpu_tests 110 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu -q -p no:cacheprovider -rfE \
+    step gpu_tests 110 python3 -m pytest tests/rollout/test_graph_sampler.py -m gpu -q -p no:cacheprovider -rfE \
         -k "nvfp4 or weight_update or every_bucket"
     step trainer 150 python3 scripts/bench_trainer.py --reps 2 --micro-batch 64 --micro-batch-tokens 32768
     step rollout 100 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,graph-nopack_nvfp4

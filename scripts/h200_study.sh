@@ -25,7 +25,7 @@ carry1)
         > "$out/pip.log" 2>&1 || { echo "pip install failed" >> "$out/summary.txt"; cat "$out/pip.log"; exit 1; }
     step imports 60 python3 -c "import verl.trainer.ppo.core_algos, trainers.learner.actor, triage.verl, omegaconf, \
 math_verify, gguf; import ray; print('imports ok', ray.__file__)"
-    [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step gpu_tests 150 python3 -m pytest tests/trainers/test_graph_sampler.py -m gpu \
+    [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step gpu_tests 150 python3 -m pytest tests/rollout/test_graph_sampler.py -m gpu \
         -k "nvfp4 or weight_update" -q -p no:cacheprovider -rfE
     # the kernels' GPU tests that switch execution options (minite_kernels.options) or cover the decode factor
     # (KERNEL_TESTS overrides the list, e.g. to run what an earlier call's time limit cut off)

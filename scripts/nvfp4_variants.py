@@ -23,12 +23,12 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rollout.local import SamplingParams
+from rollout.models import load_model_and_tokenizer
+from rollout.select import make_sampler
 from trainers.config import DataConfig
 from trainers.data import GSM8K_TRAIN, arithmetic_examples, render_prompt
-from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import compute_score
-from trainers.rollout.local import SamplingParams
-from trainers.rollout.select import make_sampler
 
 #: (label, recipe or None for plain linears, model dtype, block indices kept in BF16)
 VARIANTS = {

@@ -108,3 +108,23 @@ def _interp_items(path: str) -> int:
     proc = subprocess.run([sys.executable, "-m", "pytest", path, "--collect-only", "-q", "-p", "no:cacheprovider",
                            "-k", "interp_"], capture_output=True, text=True, timeout=300)
     return sum(1 for line in proc.stdout.splitlines() if "::" in line and "interp_" in line)
+
+
+# a tiny random Qwen3 (real Qwen3 tokenizer), in memory and saved as an HF dir: the sampler, trainer and eval tests
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+    from rollout.models import tiny_random_qwen3
+
+    d = tmp_path_factory.mktemp("tiny_qwen3")
+    model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_model(qwen3_tokenizer_dir):
+    from rollout.models import tiny_random_qwen3
+
+    return tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
+

@@ -1,6 +1,6 @@
 """GRPO trainers: ``python -m trainers.grpo recipe=NAME [key=value ...]``.
 
-Layout: ``config`` (schema, recipes, overrides), ``models`` (loading, tiny test models), ``data``, ``rollout``
-(our KV-cache sampler), ``learner`` (log-probs, verl's advantages and policy losses), ``rewards``,
-``checkpoint``, ``tracking``, ``engines`` (``local``; ``verl``).
+Layout: ``config`` (schema, recipes, overrides), ``data``, ``learner`` (log-probs, verl's advantages and policy
+losses), ``rewards``, ``checkpoint``, ``tracking``, ``heldout`` (evals inside a run), ``engines`` (``local``;
+``verl``). The samplers and the model loader are the top-level ``rollout`` package, which eval uses too.
 """

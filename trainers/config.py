@@ -88,7 +88,7 @@ class RolloutConfig:
     top_k: int = -1
     batch_size: int | None = None  # sequences per generation batch (None = all at once)
     # auto: the CUDA-graph engine on CUDA (reference loop for models it does not reproduce), the loop on CPU;
-    # graph: the engine everywhere (eager off CUDA); loop: the reference loop (trainers.rollout.local)
+    # graph: the engine everywhere (eager off CUDA); loop: the reference loop (rollout.local)
     sampler: Literal["auto", "graph", "loop"] = "auto"
 
 

@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from rollout.models import ModelLoadError
     from trainers.checkpoint import CheckpointError
     from trainers.data import DatasetError
-    from trainers.models import ModelLoadError
     from trainers.rewards.registry import RewardError
 
     try:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             except VerlUnavailable as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
-        from trainers.engines.local import TrainingDiverged, run_local
+        from trainers.engines.local import run_local
 
         result = run_local(cfg)
     except (ConfigError, DatasetError, ModelLoadError, RewardError, CheckpointError) as e:

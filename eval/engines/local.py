@@ -1,5 +1,5 @@
 """``engine=local``: a transformers model (optionally with a minite precision recipe) sampled by the
-trainer's own sampler (``trainers.rollout.make_sampler``: the CUDA-graph engine on a GPU, the batched
+trainer's own sampler (``rollout.make_sampler``: the CUDA-graph engine on a GPU, the batched
 KV-cache loop on CPU).
 
 Batching: the k samples of every prompt are laid out adjacent, prompts sorted by token length (less
@@ -35,8 +35,8 @@ class LocalEngine(Engine):
 
     def __init__(self, model, tokenizer, *, precision: str | None = None, alignment: str = "default",
                  info: dict | None = None, exclude: tuple[int | str, ...] = ()) -> None:
-        from trainers.rollout import make_sampler
-        from trainers.rollout.local import ALIGNMENTS  # strict: a prompt's bits do not depend on its batch
+        from rollout import make_sampler
+        from rollout.local import ALIGNMENTS  # strict: a prompt's bits do not depend on its batch
 
         if alignment not in ALIGNMENTS:  # before the model is patched
             raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
@@ -69,7 +69,7 @@ class LocalEngine(Engine):
                         exclude: tuple[int | str, ...] = ()) -> LocalEngine:
         import torch
 
-        from trainers.models import load_model_and_tokenizer
+        from rollout.models import load_model_and_tokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
@@ -79,7 +79,7 @@ class LocalEngine(Engine):
 
     def generate(self, prompt_ids: list[list[int]], k: int, params: GenerationParams,
                  progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
-        from trainers.rollout.local import SamplingParams
+        from rollout.local import SamplingParams
 
         items = sorted(((len(p), i, s) for i, p in enumerate(prompt_ids) for s in range(k)))
         out: list[list[Generation | None]] = [[None] * k for _ in prompt_ids]

@@ -13,7 +13,7 @@ from eval.engines.base import Engine, render_prompt
 from eval.engines.local import LocalEngine
 from eval.runner import RunConfig, parse_samples, run_eval
 from eval.task import get_task
-from trainers.models import tiny_random_qwen3
+from rollout.models import tiny_random_qwen3
 
 ALL = ("aime24", "aime25", "math500", "amc23", "gsm8k", "ifeval")
 FAST = GenerationParams(temperature=0.0, max_new_tokens=4, batch_size=8)

@@ -132,7 +132,7 @@ def test_align_rows():
 # --- execution_gap and `python -m minite_kernels align` ----------------------------------------------------------
 def _tiny_nvfp4(qwen3_tokenizer_dir):
     from minite_kernels import quantize_model
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, hidden_size=128, intermediate_size=256,
                                num_hidden_layers=3)
@@ -160,7 +160,7 @@ def test_execution_gap_default_vs_strict(qwen3_tokenizer_dir):
 
 def test_align_cli_json(qwen3_tokenizer_dir, tmp_path, capsys):
     from minite_kernels.cli import main
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
     m.save_pretrained(tmp_path / "m")

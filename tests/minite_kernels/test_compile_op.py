@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minite_kernels import quantize_model
-from trainers.models import tiny_random_qwen3
+from rollout.models import tiny_random_qwen3
 
 
 def _patched(qwen3_tokenizer_dir, device="cpu", dtype="float32"):

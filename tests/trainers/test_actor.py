@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollout.local import LocalSampler, SamplingParams
 from trainers.config import AlgorithmConfig, RolloutCorrectionConfig
 from trainers.learner import actor as A
 from trainers.learner.batch import collate, micro_batches
 from trainers.learner.logprobs import response_logprobs
-from trainers.rollout.local import LocalSampler, SamplingParams
 
 
 def test_grpo_advantages_hand_computed():

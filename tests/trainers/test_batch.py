@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout.local import Completion
 from trainers.learner.batch import collate, micro_batches
-from trainers.rollout.local import Completion
 
 
 def _batch(prompt_lens, response_lens):

@@ -136,7 +136,7 @@ DAMAGE = ["truncated_model", "garbage_model", "bit_flip_model", "empty_optimizer
 
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_a_damaged_checkpoint_is_one_clear_error_and_changes_nothing(qwen3_tokenizer_dir, tmp_path, kind):
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
     opt = _opt(model)

@@ -195,7 +195,7 @@ class _EngineConfig:
 
 
 def _fake_engine_cls(tokenizer_dir):
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     class FakeEngine:
         def __init__(self, forward_only: bool = False) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollout.local import LocalSampler, SamplingParams
 from trainers.learner.batch import collate
 from trainers.learner.logprobs import naive_response_logprobs, response_logprobs
-from trainers.rollout.local import LocalSampler, SamplingParams
 
 
 def _rollout(model, tok, temperature=1.0, max_new_tokens=12):

@@ -16,16 +16,16 @@ import copy
 import pytest
 import torch
 
+from rollout.local import LocalSampler, SamplingParams
 from trainers.learner.batch import collate
 from trainers.learner.logprobs import response_logprobs
-from trainers.rollout.local import LocalSampler, SamplingParams
 
 pytest.importorskip("minite_kernels.patching")
 
 
 @pytest.fixture(scope="module")
 def base(qwen3_tokenizer_dir):
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     return tiny_random_qwen3(qwen3_tokenizer_dir, seed=1, hidden_size=128, intermediate_size=256)
 

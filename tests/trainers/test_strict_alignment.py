@@ -13,16 +13,16 @@ import torch
 
 from minite_kernels import quantize_model
 from minite_kernels.strict import StrictMode
+from rollout import LocalSampler, SamplingParams
 from trainers.learner.batch import collate
 from trainers.learner.logprobs import response_logprobs
-from trainers.rollout import LocalSampler, SamplingParams
 
 TEXTS = ["What is 3+4?", "Compute 12 * 7, please, and show the steps", "hi", "Tell me a story about a cat"]
 
 
 def _gap(model, tok, prompts, strict: bool, new_tokens: int = 12, engine: str = "loop", kernels: str = "auto"):
     """(delta [B, R] learner - sampler, completions) for one rollout of the prompts (mixed lengths, one batch)."""
-    from trainers.rollout import make_sampler
+    from rollout import make_sampler
 
     ctx = StrictMode(kernels) if strict else torch.no_grad()
     with ctx, torch.no_grad():
@@ -35,7 +35,7 @@ def _gap(model, tok, prompts, strict: bool, new_tokens: int = 12, engine: str = 
 
 
 def _tiny(qwen3_tokenizer_dir, recipe, device="cpu", dtype="float32", backend="auto", **overrides):
-    from trainers.models import tiny_random_qwen3
+    from rollout.models import tiny_random_qwen3
 
     shape = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3} | overrides
     m, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0, dtype=dtype, **shape)
@@ -66,7 +66,7 @@ def test_strict_graph_decode_step_makes_no_host_trip_while_capturing(qwen3_token
     host data nor reads one on the host. The step after a warm-up generate, as the engine captures it."""
     from minite_kernels import capture, strict
     from minite_kernels.capture import HostTrips
-    from trainers.rollout.graph_sampler import GraphSampler
+    from rollout.graph_sampler import GraphSampler
 
     m, tok = _tiny(qwen3_tokenizer_dir, recipe, backend="emulated")
     prompts = [tok.encode(t) for t in TEXTS]
@@ -99,7 +99,7 @@ def test_default_mode_shows_the_gap_strict_removes(qwen3_tokenizer_dir):
 def test_embedded_smollm2_nvfp4_gap_is_exactly_zero_in_strict_mode():
     """The report's setting: SmolLM2-135M under nvfp4_per_token_bf16_bwd, where the default gap is ~0.4 nats."""
     pytest.importorskip("gguf")
-    from trainers.models import load_model_and_tokenizer
+    from rollout.models import load_model_and_tokenizer
 
     m, tok = load_model_and_tokenizer("smollm2-135m-instruct")
     quantize_model(m, "nvfp4_per_token_bf16_bwd")
@@ -171,7 +171,7 @@ def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float
     assert sum(len(c.token_ids) for c in comps) > len(prompts)
     assert bool((delta == 0).all()), float(delta.abs().max())
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    from trainers.rollout import make_sampler
+    from rollout import make_sampler
 
     with StrictMode(kernels), torch.no_grad():  # a prompt alone: the same tokens and log-prob bits as batched
         s = make_sampler(m, tok, engine=engine, alignment="strict")

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout import SamplingParams, make_sampler
+from rollout.decoder import UnsupportedModel
+from rollout.models import load_model_and_tokenizer
 from trainers import heldout
 from trainers.checkpoint import (
     CheckpointError,
@@ -35,10 +38,7 @@ from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
 from trainers.learner.batch import RolloutBatch, collate, micro_batches
 from trainers.learner.logprobs import response_logprobs
-from trainers.models import load_model_and_tokenizer
 from trainers.rewards.registry import load_reward_fn, score_one
-from trainers.rollout import SamplingParams, make_sampler
-from trainers.rollout.decoder import UnsupportedModel
 from trainers.runlock import RunLock
 from trainers.stopping import GracefulStop
 from trainers.tracking import Tracker

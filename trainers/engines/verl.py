@@ -105,7 +105,7 @@ def data_dir(cfg: Config) -> pathlib.Path:
 
 def resolve_model_path(cfg: Config) -> str:
     """verl needs an HF directory or hub id; the embedded SmolLM2 alias maps to its safetensors cache."""
-    from trainers.models import SMOLLM2_ALIASES, smollm2_cache_dir
+    from rollout.models import SMOLLM2_ALIASES, smollm2_cache_dir
 
     if str(cfg.model.path).lower() in SMOLLM2_ALIASES:
         return str(smollm2_cache_dir())
@@ -480,7 +480,7 @@ def _run_verl(cfg: Config) -> int:
     print(f"# saved {cfg.output_dir / OVERRIDES_FILE} and {cfg.output_dir / COMMAND_FILE}", file=sys.stderr)
     if cfg.verl.dry_run:
         return 0
-    from trainers.models import SMOLLM2_ALIASES, load_model_and_tokenizer
+    from rollout.models import SMOLLM2_ALIASES, load_model_and_tokenizer
 
     if str(cfg.model.path).lower() in SMOLLM2_ALIASES:
         load_model_and_tokenizer(cfg.model.path)  # builds the safetensors cache verl loads

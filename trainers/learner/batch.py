@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.rollout.local import Completion
+from rollout.local import Completion
 
 
 @dataclass

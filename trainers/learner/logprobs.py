@@ -20,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from minite_kernels.strict import StrictMode, strict_active
-from trainers.rollout.sampling import process_logits
+from rollout.sampling import process_logits
 
 
 def _chunk_stats(lm_head, h: torch.Tensor, y: torch.Tensor, temperature: float, softcap: float | None,

@@ -6,9 +6,9 @@ import types
 import pytest
 import torch
 
-from trainers.rollout import GraphSampler, LocalSampler, SamplingParams, make_sampler
-from trainers.rollout.decoder import UnsupportedModel, decoder_view
-from trainers.rollout.graph_sampler import bucket_of
+from rollout import GraphSampler, LocalSampler, SamplingParams, make_sampler
+from rollout.decoder import UnsupportedModel, decoder_view
+from rollout.graph_sampler import bucket_of
 
 gpu = pytest.mark.gpu
 
@@ -330,7 +330,7 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
 
 
 def _prefill(model, prompts):
-    from trainers.rollout.local import left_pad
+    from rollout.local import left_pad
 
     ids, mask, pos = left_pad(prompts, 0, next(model.parameters()).device)
     with torch.no_grad():
@@ -398,7 +398,7 @@ def test_gpu_nvfp4_packed_groups_are_the_modules_forward():
     values, so each column block equals its module's output up to the GEMM's reduction order; at <= 4 rows
     it defers to the modules (their packed-FP4 decode kernel)."""
     from minite_kernels.backends.triton.backend import DECODE_MAX_ROWS
-    from trainers.rollout.packed import PackedLinears
+    from rollout.packed import PackedLinears
 
     model, tok, _ = _nvfp4_model()
     packed = PackedLinears(decoder_view(model))

@@ -35,13 +35,13 @@ import math
 import torch
 
 from minite_kernels.strict import decode_attention as strict_decode_attention
-from trainers.rollout import attention as attn
-from trainers.rollout.decoder import decode_logits, decoder_view
-from trainers.rollout.fused import functions
-from trainers.rollout.local import DRAW, Completion, Sampler, SamplingParams, left_pad
-from trainers.rollout.packed import PackedLinears
-from trainers.rollout.rng import row_uniforms, seed_word
-from trainers.rollout.sampling import process_logits, sample_tokens
+from rollout import attention as attn
+from rollout.decoder import decode_logits, decoder_view
+from rollout.fused import functions
+from rollout.local import DRAW, Completion, Sampler, SamplingParams, left_pad
+from rollout.packed import PackedLinears
+from rollout.rng import row_uniforms, seed_word
+from rollout.sampling import process_logits, sample_tokens
 
 #: the cache length grows in these steps (a longer call re-allocates the cache and re-captures); a decode
 #: step attends over the first multiple of SEQ_ROUND slots that holds its slot (one graph per such length)

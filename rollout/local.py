@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers.models import stop_token_ids
-from trainers.rollout.rng import row_uniforms, seed_word
-from trainers.rollout.sampling import process_logits, sample_tokens
+from rollout.models import stop_token_ids
+from rollout.rng import row_uniforms, seed_word
+from rollout.sampling import process_logits, sample_tokens
 
 #: what ``Completion.extra["sampling_backend"]`` and the run metadata name the draw: inverse-CDF in torch
 #: with the per-row counter streams of ``rng.py``

@@ -46,7 +46,7 @@ CDF_BLOCK = 1024
 def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One categorical draw per row: the first index whose cumulative probability exceeds ``t = u * total``.
 
-    ``u`` holds one fp64 uniform in [0, 1) per row (``trainers.rollout.rng.row_uniforms``). Two levels, in
+    ``u`` holds one fp64 uniform in [0, 1) per row (``rollout.rng.row_uniforms``). Two levels, in
     fp64: the block of ``CDF_BLOCK`` tokens whose cumulative block sum first exceeds t, then the token within
     it (a full-vocabulary fp64 scan per row costs more than the rest of the draw on a GPU). A zero-probability
     token is never drawn: its cumulative sum equals its predecessor's, so it is never the first to exceed t.

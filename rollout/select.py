@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import warnings
 
-from trainers.rollout.decoder import UnsupportedModel
-from trainers.rollout.graph_sampler import GraphSampler
-from trainers.rollout.local import LocalSampler
+from rollout.decoder import UnsupportedModel
+from rollout.graph_sampler import GraphSampler
+from rollout.local import LocalSampler
 
 ENGINES = ("auto", "graph", "loop")
 

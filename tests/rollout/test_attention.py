@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from trainers.rollout.attention import decode_attention_ref, num_splits, valid_mask
+from rollout.attention import decode_attention_ref, num_splits, valid_mask
 
 _interp_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                   reason="runs in the TRITON_INTERPRET=1 subprocess")
@@ -20,7 +20,7 @@ CASES = [  # B, Hkv, rep, D, S, splits
 
 
 def _check(device: str, dtype: torch.dtype, atol: float) -> None:
-    from trainers.rollout.attention import decode_attention
+    from rollout.attention import decode_attention
 
     g = torch.Generator().manual_seed(0)
     for b, h, rep, d, s, splits in CASES:
@@ -51,7 +51,7 @@ def test_interp_kernel_matches_sdpa_fp32():
 @_interp_only
 def test_interp_engine_with_triton_attention_matches_the_loop(tiny_model):
     pytest.importorskip("triton")
-    from trainers.rollout import GraphSampler, LocalSampler, SamplingParams
+    from rollout import GraphSampler, LocalSampler, SamplingParams
 
     model, tok = tiny_model
     prompts = [tok.encode("a b c"), tok.encode("one"), tok.encode("a much longer prompt with many more tokens")]

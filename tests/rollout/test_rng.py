@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainers.rollout.rng import _mul32, hash32, row_uniforms, seed_word
+from rollout.rng import _mul32, hash32, row_uniforms, seed_word
 
 
 @given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))

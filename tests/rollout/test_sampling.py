@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from trainers.rollout.local import LocalSampler, SamplingParams
-from trainers.rollout.rng import row_uniforms
-from trainers.rollout.sampling import inverse_cdf_sample, process_logits, sample_tokens
+from rollout.local import LocalSampler, SamplingParams
+from rollout.rng import row_uniforms
+from rollout.sampling import inverse_cdf_sample, process_logits, sample_tokens
 
 
 def test_process_logits_hand_computed():
@@ -82,7 +82,7 @@ def test_batched_equals_single_with_left_padding(tiny_model):
 def test_two_level_draw_equals_the_full_scan_on_exact_sums():
     """Dyadic probabilities sum exactly in fp64 in any order: the block draw is then the full-vocabulary
     inverse CDF, index for index, also across block borders and with a vocabulary that is no multiple of it."""
-    from trainers.rollout.sampling import CDF_BLOCK
+    from rollout.sampling import CDF_BLOCK
 
     g = torch.Generator().manual_seed(0)
     v = 2 * CDF_BLOCK + 77

