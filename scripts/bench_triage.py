@@ -124,33 +124,18 @@ def main() -> None:
             loss, _ = compute_policy_loss_vanilla(old, logp, adv_bt, mask, mode, cfg, w)
             loss.backward()
 
-        def through_verl():
-            logp.grad = None
-            loss, _ = triage_fn(
-                old_log_prob=old,
-                log_prob=logp,
-                advantages=adv_bt,
-                response_mask=mask,
-                loss_agg_mode=mode,
-                config=cfg,
-                rollout_is_weights=raw_w,
-            )
-            loss.backward()
+        def registered(config, **route):  # the verl loss "triage" called as ppo_loss calls it
+            def run():
+                logp.grad = None
+                loss, _ = triage_fn(old_log_prob=old, log_prob=logp, advantages=adv_bt, response_mask=mask,
+                                    loss_agg_mode=mode, config=config, **route)
+                loss.backward()
 
-        local_cfg = actor({"diagnostics": False})
+            return run
 
-        def local_trainer():  # trainers.learner.actor: the sampler's log-probs, diagnostics once per step elsewhere
-            logp.grad = None
-            loss, _ = triage_fn(
-                old_log_prob=old,
-                log_prob=logp,
-                advantages=adv_bt,
-                response_mask=mask,
-                loss_agg_mode=mode,
-                config=local_cfg,
-                sampler_log_prob=sampler,
-            )
-            loss.backward()
+        through_verl = registered(cfg, rollout_is_weights=raw_w)
+        # trainers.learner.actor: the sampler's log-probs, the diagnostics once per step elsewhere
+        local_trainer = registered(actor({"diagnostics": False}), sampler_log_prob=sampler)
 
         cands = {
             "vanilla_tis": vanilla,
