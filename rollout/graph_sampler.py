@@ -31,6 +31,7 @@ not refresh) the graphs are re-captured. Whenever a capture fails, the step runs
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -145,8 +146,10 @@ class GraphSampler(Sampler):
         self._held: list = []  # the quantized weights the graphs read, kept alive while they exist
         self._held_keys: list = []  # their cache keys, in the order of ``_fprop_entries``
         self.eager_reason: str | None = None
+        #: counts, and ``capture_s``: host seconds spent on new graph keys (the eager warm-up step, which
+        #: compiles any kernel the new shape needs, plus the capture)
         self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "compactions": 0, "host_checks": 0,
-                      "refills": 0}
+                      "refills": 0, "capture_s": 0.0}
 
     def _use_graphs(self) -> bool:
         return self.graphs_mode is not False and self.device.type == "cuda" and self.eager_reason is None
@@ -408,6 +411,7 @@ class GraphSampler(Sampler):
             g.replay()
             self.stats["replays"] += 1
             return
+        t0 = time.perf_counter()
         self._step(st, b, s, params)  # eager: this token, and the warm-up of every kernel the capture records
         self.stats["eager_steps"] += 1
         torch.cuda.synchronize(self.device)
@@ -427,6 +431,7 @@ class GraphSampler(Sampler):
             return
         finally:
             self._clear_backend_caches()
+            self.stats["capture_s"] += time.perf_counter() - t0
         self._graphs[key] = g
         self.stats["captures"] += 1
 

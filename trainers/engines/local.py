@@ -51,8 +51,9 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite losses; the last good checkpoint is intact."""
 
 
-#: GraphSampler.stats counters logged per step as ``rollout/<name>`` (what changed during that step's rollout)
-SAMPLER_COUNTS = ("captures", "refills", "eager_steps", "compactions")
+#: GraphSampler.stats counters logged per step as ``rollout/<name>`` (what changed during that step's rollout;
+#: ``capture_s``: the seconds of it spent on new graph keys)
+SAMPLER_COUNTS = ("captures", "refills", "eager_steps", "compactions", "capture_s")
 
 
 def env_snapshot() -> dict[str, str]:
