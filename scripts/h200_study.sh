@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The learning study (issue #22) on a lent H200, over consecutive device calls of at most 10 minutes; the machine
 # keeps /tmp while it is warm (30 s after a call), so the calls must follow each other at once:
-#   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part 00, then GPU tests and benchmarks
+#   bash scripts/h200_study.sh carry1   # wheels -> /tmp/site, GGUF part 00, strict and kernel GPU tests
 #                                       # (carry .whl .carry/gguf.00)
-#   bash scripts/h200_study.sh study    # GGUF part 01 if new, assemble, run/resume the study    (carry .carry/gguf.01)
-#   bash scripts/h200_study.sh carry2   # strict mode's cost and the whole-step benchmark (no carry);
-#                                       # RUN_ROLLOUT_CHECKS=1 adds the compile_op GPU test and the HF static-cache
-#                                       # NVFP4 bench
-# The GGUF (94 MB, split in two with `split -n 2 -d` into .carry/) is over one call's 64 MiB carry. verl imports
-# ray only for a type hint; ray (79 MB) is not installed there, so scripts/device_shims provides ray.ObjectRef.
+#   bash scripts/h200_study.sh carry2   # GGUF part 01, strict mode's cost and the whole-step benchmark
+#                                       # (carry .carry/gguf.01); RUN_ROLLOUT_CHECKS=1 adds the compile_op GPU test
+#                                       # and the HF static-cache NVFP4 bench
+#   bash scripts/h200_study.sh study    # GGUF part 02 if new, assemble, run/resume the study    (carry .carry/gguf.02)
+# The GGUF (94 MB, split in three with `split -n 3 -d` into .carry/) and the working tree (21 MB) are over one
+# call's 64 MiB carry. verl imports ray only for a type hint; ray (79 MB) is not installed there, so
+# scripts/device_shims provides ray.ObjectRef.
 # .whl holds cp312 wheels of what the image lacks: verl 0.9.1, tensordict 0.10.0, pyvers, omegaconf, hydra-core,
 # antlr4-python3-runtime 4.9.3 (sdist only: `pip wheel` it), math-verify, latex2sympy2_extended, gguf, codetiming,
 # dill and orjson (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`, 3 MB).
