@@ -411,3 +411,18 @@ def test_gemm_autotuning_key_buckets_m():
 
     assert "M" not in AUTOTUNE_KEY and "M_BUCKET" in AUTOTUNE_KEY
     assert [m_bucket(m) for m in (1, 16, 17, 32, 33, 1000, 1024, 1025)] == [16, 16, 32, 32, 64, 1024, 1024, 2048]
+
+
+def test_gemm_decode_sizes_skip_the_autotuner(monkeypatch):
+    """M <= SMALL_M rows launch one fixed configuration (a sampler's new batch bucket benchmarks nothing); larger
+    M goes to the autotuner; the CPU interpreter always gets its own small tiles."""
+    pytest.importorskip("triton")
+    from minite_kernels.backends.triton import gemm as G
+
+    monkeypatch.setattr(G, "interpret_mode", lambda: False)
+    assert G.fixed_meta(1) == G.fixed_meta(G.SMALL_M) == G.SMALL_M_META
+    assert G.fixed_meta(G.SMALL_M + 1) is None
+    G.fixed_meta(1)["BLOCK_M"] = 1  # a copy: callers cannot change the default
+    assert G.SMALL_M_META["BLOCK_M"] == 64
+    monkeypatch.setattr(G, "interpret_mode", lambda: True)
+    assert G.fixed_meta(10_000)["DOT_F32"] is True

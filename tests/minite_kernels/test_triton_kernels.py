@@ -191,6 +191,26 @@ def test_qgemm_matches_emulated(mode, recipe, gemm, minite_options):
         _check_gemm(y, ref, out_dtype, fused=True)  # FP32 outputs always take the FP32-exact fused kernel
 
 
+@pytest.mark.parametrize("m", [1, 5, 48, 64, 65, 200])
+def test_fused_gemm_small_m_fixed_config_and_autotuned(m, minite_options):
+    """FP32 outputs of the fused kernel at decode sizes (M <= SMALL_M: the fixed configuration, no autotuner)
+    and above (autotuned) against the FP64 reference GEMM; the pair decode kernel is off, so 1-4 rows reach
+    the fused GEMM too."""
+    from minite_kernels.backends.triton import gemm as G
+    from minite_kernels.formats import quantize_nvfp4
+    from minite_kernels.recipes import get_qlinear_params
+
+    minite_options(decode="off")
+    assert (G.fixed_meta(m) is not None) == (m <= G.SMALL_M)
+    spec = get_qlinear_params("nvfp4_per_token").fprop
+    x, w = _heavy(m, 576, seed=6), _heavy(1536, 576, seed=7)
+    qw = quantize_nvfp4(w, tile=(1, 16))
+    y = _tk().TritonBackend("cuda").qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
+    ref = quantize_nvfp4(x, scaling="per_token").dequantize().double() @ qw.dequantize().double().t()
+    assert y.dtype == torch.float32 and y.shape == (m, 1536)
+    _check_gemm(y, ref, torch.float32, fused=True)
+
+
 def test_qgemm_with_a_weight_quantized_by_the_reference():
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.recipes import get_qlinear_params

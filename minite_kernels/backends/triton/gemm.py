@@ -108,6 +108,12 @@ _CONFIGS = [
 #: the autotuning key. M is bucketed: a learner's M is rows x padded length, new almost every step, and an
 #: exact-M key re-benchmarks all configurations for each new M (seconds per GEMM shape, far more on a shared GPU)
 AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "SA_VEC", "SB_VEC"]
+#: decode-sized GEMMs (M <= SMALL_M rows) take one fixed configuration instead of the autotuner: each new batch
+#: bucket of a sampler would otherwise benchmark every configuration for every linear shape, the whole cost of
+#: an fp32 model's new CUDA-graph keys when several runs share the GPU (benchmarks/learning/README.md). One
+#: M tile holds all the rows; 64-wide N tiles give a small-N linear several programs.
+SMALL_M = 64
+SMALL_M_META = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
 
 
 def m_bucket(m: int) -> int:
@@ -115,10 +121,19 @@ def m_bucket(m: int) -> int:
     return max(16, 1 << (max(m, 1) - 1).bit_length())
 
 
+def fixed_meta(m: int) -> dict | None:
+    """The launch configuration of an M-row fused GEMM when it is not autotuned (None: the autotuner picks)."""
+    if interpret_mode():  # Triton's CPU interpreter: small tiles, and fp32 dots (it mis-handles bf16 ones)
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "DOT_F32": True}
+    return dict(SMALL_M_META) if m <= SMALL_M else None
+
+
 _scaled_mm_tuned = (
     _scaled_mm_kernel
     if interpret_mode()
-    else triton.autotune(configs=_CONFIGS, key=AUTOTUNE_KEY)(_scaled_mm_kernel)
+    # cache_results: the choice per key is kept in Triton's cache directory, so the other processes of a
+    # machine (parallel runs, a resumed run) reuse it instead of benchmarking again
+    else triton.autotune(configs=_CONFIGS, key=AUTOTUNE_KEY, cache_results=True)(_scaled_mm_kernel)
 )
 
 
@@ -188,15 +203,14 @@ def scaled_mm_nt(
             c, out, amax_a, amax_b, m, n, SA_VEC=sa_vec, SB_VEC=sb_vec, BLOCK_M=bm, BLOCK_N=bn, num_warps=4
         )
         return out
-    if interpret_mode():
-        meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, DOT_F32=True)
-    else:
-        meta = {}
+    meta = fixed_meta(m)
+    kernel = _scaled_mm_tuned if meta is None else _scaled_mm_kernel
+    meta = meta or {}
 
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    _scaled_mm_tuned[grid](
+    kernel[grid](
         qa,
         qb,
         out,
