@@ -58,6 +58,19 @@ _ROW_FNS = {F.softmax: "softmax", torch.softmax: "softmax", torch.Tensor.softmax
             torch.logsumexp: "logsumexp", torch.Tensor.logsumexp: "logsumexp"}
 
 
+#: what ``precision.backend`` may be under strict alignment, and the minite backend each runs the linears on
+BACKENDS = {"auto": "strict", "strict": "strict", "emulated": "emulated"}
+
+
+def linear_backend(requested: str = "auto") -> str:
+    """The minite backend quantized linears run on under strict alignment. ``auto``: ``strict``, the emulated
+    backend's dequantized GEMM (which :class:`StrictMode` makes batch-invariant) with the Triton quantizer where
+    it runs (``backends/strict.py``); ``emulated``: the pure-PyTorch reference throughout."""
+    if requested not in BACKENDS:
+        raise ValueError(f"strict alignment runs the linears on backend {', '.join(BACKENDS)}; got {requested!r}")
+    return BACKENDS[requested]
+
+
 def _dtype_of(args) -> torch.dtype | None:
     """The common low-precision float dtype of the tensor arguments (None: leave the op alone)."""
     dt = None

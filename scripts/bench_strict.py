@@ -6,8 +6,8 @@ process, on CPU or CUDA.
     python scripts/bench_strict.py --device cuda --model qwen3-0.6b --prompts 64 --new-tokens 128   # H200
 
 For each mode, on its own copy of the model (the default mode runs the device's fastest backend and sampler: on
-CUDA the Triton NVFP4 backend and the CUDA-graph engine with fused and packed ops; the strict mode the emulated
-backend's dequantized GEMMs through the batch-invariant kernels, in the same engine): one warm-up rollout, then a
+CUDA the Triton NVFP4 backend and the CUDA-graph engine with fused and packed ops; the strict mode the strict
+backend, dequantized GEMMs through the batch-invariant kernels with the Triton quantizer, in the same engine): one warm-up rollout, then a
 timed rollout of ``--prompts`` prompts (mixed lengths, one batch, ``--new-tokens`` tokens, T = 1) and the
 learner's log-prob recompute (one full forward). It reports both times, the sampler's tokens/s, the
 sampler/learner mean and max |delta| and whether every token's delta is exactly 0. Prints one JSON line.
@@ -42,14 +42,14 @@ def run_mode(base, tok, mode: str, recipe: str, prompts, new_tokens: int, dev) -
     import torch
 
     from minite_kernels import quantize_model
-    from minite_kernels.strict import StrictMode
+    from minite_kernels.strict import StrictMode, linear_backend
     from rollout import SamplingParams, make_sampler
     from trainers.learner.batch import collate
     from trainers.learner.logprobs import response_logprobs
 
     model = copy.deepcopy(base).to(dev)
     if recipe != "bf16":
-        quantize_model(model, recipe, backend="emulated" if mode == "strict" else "auto")
+        quantize_model(model, recipe, backend=linear_backend() if mode == "strict" else "auto")
     sampler = make_sampler(model, tok, alignment=mode)
     params = SamplingParams(max_new_tokens=new_tokens, seed=1)
     with torch.no_grad():

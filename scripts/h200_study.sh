@@ -32,13 +32,15 @@ carry1)
 math_verify, gguf; import ray; print('imports ok', ray.__file__)"
     # issue #21: the batch-invariant kernels and strict mode (its graph sampler captured) against their references
     [ "${SKIP_STRICT_TESTS:-0}" = 1 ] || step strict_tests 170 python3 -m pytest tests/minite_kernels/test_batch_invariant.py \
-        tests/minite_kernels/test_capture.py tests/minite_kernels/test_strict.py tests/trainers/test_strict_alignment.py \
+        tests/minite_kernels/test_capture.py tests/minite_kernels/test_strict.py tests/minite_kernels/test_strict_backend.py \
+        tests/trainers/test_strict_alignment.py \
         -m gpu -q -p no:cacheprovider -rfE
     # kernels and engine: the quantized GEMMs (autotuned per M bucket) and the graph sampler against the loop
     # (KERNEL_TESTS overrides the selection)
     # shellcheck disable=SC2086
     [ "${SKIP_KERNEL_TESTS:-0}" = 1 ] || step kernel_gpu_tests "${KERNEL_SECONDS:-120}" python3 -m pytest -m gpu -q \
         -p no:cacheprovider -rfE ${KERNEL_TESTS:-tests/minite_kernels/test_triton_kernels.py::test_qgemm_matches_emulated \
+tests/minite_kernels/test_triton_kernels.py::test_fused_gemm_small_m_fixed_config_and_autotuned \
 tests/minite_kernels/test_triton_kernels.py::test_qgemm_with_a_weight_quantized_by_the_reference \
 tests/rollout/test_graph_sampler.py::test_gpu_graphs_match_reference_fp32}
     ;;

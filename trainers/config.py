@@ -436,11 +436,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"precision.alignment=strict runs with engine=local (its sampler and learner share the strict kernels); "
             f"got engine={cfg.engine}. Use engine=local, or precision.alignment=default")
-    if cfg.precision.alignment == "strict" and cfg.precision.backend not in ("auto", "emulated"):
+    if cfg.precision.alignment == "strict" and cfg.precision.backend not in ("auto", "strict", "emulated"):
         raise ConfigError(
-            f"precision.alignment=strict runs the quantized linears on the emulated backend, whose dequantized "
-            f"GEMMs the batch-invariant kernels compute; got precision.backend={cfg.precision.backend}. "
-            "Valid with strict: auto, emulated")
+            f"precision.alignment=strict runs the quantized linears as dequantized GEMMs, which the batch-invariant "
+            f"kernels compute (backend strict: the Triton quantizer where it runs; emulated: pure PyTorch); got "
+            f"precision.backend={cfg.precision.backend}. Valid with strict: auto, strict, emulated")
     if cfg.eval.every:
         from eval.task import get_task, task_names
 

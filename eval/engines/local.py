@@ -46,8 +46,11 @@ class LocalEngine(Engine):
         self.precision = precision
         if exclude and not precision:
             raise ValueError("--exclude applies to a --precision recipe; none was given")
-        # strict: the emulated backend's GEMMs are plain matmuls, which StrictMode makes batch-invariant
-        backend = "emulated" if alignment == "strict" else "auto"
+        backend = "auto"
+        if alignment == "strict":  # dequantized GEMMs as plain matmuls, which StrictMode computes
+            from minite_kernels.strict import linear_backend
+
+            backend = linear_backend()
         self.quantization = apply_precision(model, precision, exclude, backend) if precision else None
         self.sampler = make_sampler(model, tokenizer, alignment=alignment)
         self.info = dict(info or {})

@@ -28,6 +28,7 @@ from minite_kernels.recipes import GEMM_OPERANDS, GEMMS, OperandSpec, PrecisionR
 
 __all__ = [
     "BACKEND_NAMES",
+    "NAMED_ONLY",
     "AutoBackend",
     "Backend",
     "BackendUnavailable",
@@ -40,8 +41,12 @@ __all__ = [
 
 #: concrete backends in "auto" preference order
 BACKEND_NAMES = ("te", "flashinfer", "triton", "emulated")
+#: backends "auto" never routes to, used by name: "strict" is what precision.alignment=strict runs
+#: (``minite_kernels/backends/strict.py``)
+NAMED_ONLY = ("strict",)
 _CLASSES = {
     "emulated": ("minite_kernels.backends.emulated", "EmulatedBackend"),
+    "strict": ("minite_kernels.backends.strict", "StrictBackend"),
     "triton": ("minite_kernels.backends.triton", "TritonBackend"),
     "te": ("minite_kernels.backends.te", "TEBackend"),
     "flashinfer": ("minite_kernels.backends.flashinfer", "FlashInferBackend"),
@@ -59,7 +64,7 @@ def _canonical(name: str) -> str:
         raise TypeError(f"backend name must be a string, got {type(name).__name__}")
     key = name.strip().lower()
     key = ALIASES.get(key, key)
-    valid = ("auto",) + BACKEND_NAMES
+    valid = ("auto",) + BACKEND_NAMES + NAMED_ONLY
     if key not in valid:
         raise ValueError(f"unknown backend {name!r}; valid: {', '.join(valid)}"
                          f"{did_you_mean(key, valid + tuple(ALIASES), cutoff=0.0)}")

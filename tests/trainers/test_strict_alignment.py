@@ -139,7 +139,7 @@ def test_strict_is_refused_with_verl_and_other_backends():
 
     with pytest.raises(ConfigError, match="precision.alignment=strict runs with engine=local"):
         load_config(["precision.alignment=strict", "engine=verl"])
-    with pytest.raises(ConfigError, match="Valid with strict: auto, emulated"):
+    with pytest.raises(ConfigError, match="Valid with strict: auto, strict, emulated"):
         load_config(["precision.alignment=strict", "precision.backend=triton"])
     with pytest.raises(ConfigError, match="valid choices"):
         load_config(["precision.alignment=exact"])
@@ -147,7 +147,7 @@ def test_strict_is_refused_with_verl_and_other_backends():
 
 
 # ---------------------------------------------------------------------- the batch-invariant kernels (CUDA's way)
-def _small_vocab(tok_dir, recipe, device):
+def _small_vocab(tok_dir, recipe, device, backend):
     """The tiny model with one block, a 256-token vocabulary and a stand-in tokenizer (pad 0, EOS 1), and prompts
     of mixed lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite."""
     from types import SimpleNamespace
@@ -155,17 +155,20 @@ def _small_vocab(tok_dir, recipe, device):
     m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1, num_hidden_layers=1)
     m.generation_config.eos_token_id = 1
     if recipe != "bf16":
-        quantize_model(m, recipe, backend="emulated")
+        quantize_model(m, recipe, backend=backend)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 256, (n,), generator=g).tolist() for n in (5, 11, 2, 8)]
     return m, SimpleNamespace(pad_token_id=0, eos_token_id=1), prompts
 
 
-def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float32", small_vocab=False):
+def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float32", small_vocab=False,
+                          backend="strict"):
+    """Sampler == learner bit for bit, and a prompt alone == batched, with the linears on ``backend`` (``strict``:
+    the Triton quantizer where it runs; ``emulated``: pure PyTorch)."""
     if small_vocab:
-        m, tok, prompts = _small_vocab(tok_dir, recipe, device)
+        m, tok, prompts = _small_vocab(tok_dir, recipe, device, backend)
     else:
-        m, tok = _tiny(tok_dir, recipe, device, dtype, backend="emulated")
+        m, tok = _tiny(tok_dir, recipe, device, dtype, backend=backend)
         prompts = [tok.encode(t) for t in TEXTS]
     delta, comps = _gap(m, tok, prompts, strict=True, new_tokens=6, engine=engine, kernels=kernels)
     assert sum(len(c.token_ids) for c in comps) > len(prompts)
@@ -201,6 +204,13 @@ def test_kernels_strict_under_interpreter(run_interp_tests):
                                           "bfloat16"), ("bf16", "bfloat16"), ("mxfp8", "bfloat16")])
 def test_gpu_strict_sampler_equals_learner(qwen3_tokenizer_dir, engine, recipe, dtype):
     _check_kernels_strict(qwen3_tokenizer_dir, "cuda", recipe, engine, "auto", dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_strict_on_the_emulated_backend(qwen3_tokenizer_dir):
+    """precision.backend=emulated under strict alignment: the pure-PyTorch quantizer, the same guarantee."""
+    _check_kernels_strict(qwen3_tokenizer_dir, "cuda", "nvfp4_per_token_bf16_bwd", "graph", "auto", "float32",
+                          backend="emulated")
 
 
 @pytest.mark.gpu

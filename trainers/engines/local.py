@@ -122,8 +122,11 @@ def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]
         print(f"[trainers] MINITE_RECIPE={env_recipe} is ignored: the training recipe names precision "
               f"{recipe!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
     exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None  # names and block indices
-    # strict alignment: the emulated backend's GEMMs are plain matmuls, which StrictMode makes batch-invariant
-    backend = "emulated" if cfg.precision.alignment == "strict" else cfg.precision.backend
+    backend = cfg.precision.backend
+    if cfg.precision.alignment == "strict":  # dequantized GEMMs as plain matmuls, which StrictMode computes
+        from minite_kernels.strict import linear_backend
+
+        backend = linear_backend(backend)
     report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=backend,
                             lm_head="lm_head" not in cfg.precision.exclude)
     return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
