@@ -31,6 +31,8 @@ Study file (``recipes/study_arithmetic.yaml``)::
     eval: {tasks: arithmetic, temperature: 0.0, max_new_tokens: 64}
     steps_at: [50, 100, 200]    # "reward at equal steps" columns (default: quarters of max_steps)
     window: 10                  # steps in each moving mean
+    baseline: nvfp4             # optional: every other arm against it at equal steps (difference, Welch se,
+                                # permutation p; trainers/compare.py), in summary.json and table.md
 """
 from __future__ import annotations
 
@@ -96,6 +98,8 @@ class StudyConfig:
     eval: EvalSpec | None = field(default_factory=EvalSpec)
     steps_at: tuple[int, ...] = ()
     window: int = 10
+    # the arm every other is compared against at equal steps (trainers/compare.py); None: no comparison
+    baseline: str | None = None
 
     @property
     def root(self) -> pathlib.Path:
@@ -169,9 +173,15 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
     window = tree.get("window", 10)
     if not isinstance(window, int) or window < 1:
         raise StudyError(f"{p}: window must be an integer >= 1, got {window!r}")
+    baseline = tree.get("baseline")
+    if baseline is not None and baseline not in arms:
+        from minite_kernels.choices import did_you_mean
+
+        raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(arms)}"
+                         f"{did_you_mean(str(baseline), arms)}")
     cfg = StudyConfig(name=str(tree["name"]), output_dir=str(tree["output_dir"]), arms=tuple(arms),
                       seeds=tuple(seeds), parallel=parallel, train=train, eval=eval_spec,
-                      steps_at=tuple(int(s) for s in steps_at), window=window)
+                      steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline)
     _check_train_overrides(cfg, p)
     return cfg
 
@@ -514,8 +524,44 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
         base = step0_args(cfg, arm)
         res = None if base is None else base[0] / "results.json"
         arms[arm]["eval_step0"] = _accuracy(res) if res is not None and res.is_file() else None
-    return {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
-            "date": time.strftime("%Y-%m-%d")}
+    out = {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
+           "date": time.strftime("%Y-%m-%d")}
+    if cfg.baseline is not None:
+        out["vs_baseline"] = {"baseline": cfg.baseline, "arms": comparisons(cfg, runs)}
+    return out
+
+
+def comparisons(cfg: StudyConfig, runs: list[dict]) -> dict:
+    """Every other arm against ``cfg.baseline`` at equal steps, over the seeds that reached them: held-out
+    accuracy per evaluated step (``eval@<step>``) and reward at ``steps_at`` (``reward@<step>``), each
+    ``trainers.compare.compare`` (difference of means, Welch standard error, exact permutation p-value)."""
+    from trainers.compare import compare
+
+    def values(arm: str) -> dict[str, list[float]]:
+        got: dict[str, list[float]] = {}
+        for r in runs:
+            if r["recipe"] != arm:
+                continue
+            pairs = [(f"eval@{k}", v) for k, v in r["eval_by_step"].items()]
+            pairs += [(k, v) for k, v in r.items() if k.startswith("reward@")]
+            for k, v in pairs:
+                if v is not None and math.isfinite(v):
+                    got.setdefault(k, []).append(float(v))
+        return got
+
+    base = values(cfg.baseline)
+    out = {}
+    for arm in cfg.arms:
+        if arm == cfg.baseline:
+            continue
+        mine = values(arm)
+        out[arm] = {k: compare(mine[k], base[k]) for k in sorted(mine, key=_metric_order) if k in base}
+    return out
+
+
+def _metric_order(key: str) -> tuple[str, int]:
+    name, step = key.split("@")
+    return name, int(step)
 
 
 def _cell(a: dict | None, fmt: str) -> str:
@@ -564,7 +610,33 @@ def table(summary: dict) -> str:
                 acc = a.get("eval_step0")
                 cells.insert(0, "-" if acc is None else f"{acc:.3f} (untrained)")
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if summary.get("vs_baseline"):
+        lines += comparison_table(summary["vs_baseline"])
     return "\n".join(lines) + "\n"
+
+
+def comparison_table(vs: dict) -> list[str]:
+    """The "against the baseline" section of table.md: one row per arm, one column per compared metric."""
+    keys = sorted({k for cmp in vs["arms"].values() for k in cmp}, key=_metric_order)
+    if not keys:
+        return []
+    names = {"eval": "held-out", "reward": "reward"}
+    head = ["arm"] + [f"{names.get(k.split('@')[0], k.split('@')[0])} {k.split('@')[1]}" for k in keys]
+    lines = ["", f"Against `{vs['baseline']}` at equal steps: difference of the seed means ± its Welch standard "
+             "error, and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with 3 seeds "
+             "per arm the smallest possible p is 0.10):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, cmp in vs["arms"].items():
+        cells = [arm]
+        for k in keys:
+            c = cmp.get(k)
+            if c is None:
+                cells.append("-")
+                continue
+            cell = f"{c['diff']:+.3f}" + (f" ± {c['se']:.3f}" if c["se"] is not None else "")
+            cells.append(cell + (f" (p {c['p']:.2f})" if c["p"] is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_outputs(cfg: StudyConfig, summary: dict) -> None:

@@ -37,6 +37,7 @@ def test_bundled_studies_validate():
     ("name: a\noutput_dir: o\narms: [bf16]\ntrain: {trainer.seed: 3}\n", "set by the study"),
     ("name: a\noutput_dir: o\narms: [bf16]\ntrain: {optim.lr: abc}\n", "optim.lr"),
     ("name: a\noutput_dir: o\narms: [bf16]\neval: {tasks: arithmetic, colour: 1}\n", "eval"),
+    ("name: a\noutput_dir: o\narms: [bf16, nvfp4]\nbaseline: nvfp5\n", "baseline 'nvfp5' is not one of the arms"),
 ])
 def test_bad_study_is_one_clear_error(tmp_path, body, needle):
     with pytest.raises(StudyError, match=needle):
@@ -239,3 +240,31 @@ def test_time_limit_lets_runs_save_their_step_then_kills_the_stragglers(tmp_path
     assert any("stopped a at the time limit, after saving its step" in m for m in said), said
     assert any("stopped b at the time limit, killed after 3 s" in m for m in said), said
     assert time.monotonic() - t0 < 20
+
+
+def test_arms_are_compared_with_the_baseline_at_equal_steps(tmp_path):
+    """baseline: every other arm's held-out accuracy per evaluated step and reward at steps_at, against the
+    baseline's seeds (trainers/compare.py), in summary.json and as a table section."""
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16, triage_bf16]\n"
+                                      "seeds: [0, 1, 2]\ntrain: {trainer.max_steps: 10}\nsteps_at: [10]\n"
+                                      "window: 1\nbaseline: bf16\n"))
+    accs = {"bf16": [0.585, 0.52, 0.57], "triage_bf16": [0.72, 0.425, 0.77]}
+    for arm, values in accs.items():
+        for seed, acc in enumerate(values):
+            run = cfg.run_dir(arm, seed)
+            (run / "eval" / "step_000010").mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "reward/mean": acc}) + "\n")
+            (run / "eval" / "step_000010" / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc}}}))
+    s = summarize(cfg, {"bf16": 10, "triage_bf16": 10})
+    vs = s["vs_baseline"]
+    assert vs["baseline"] == "bf16" and list(vs["arms"]) == ["triage_bf16"]
+    ev, rw = vs["arms"]["triage_bf16"]["eval@10"], vs["arms"]["triage_bf16"]["reward@10"]
+    assert ev["diff"] == pytest.approx(0.08) and ev["p"] == pytest.approx(0.5) and ev["n"] == [3, 3]
+    assert rw == ev  # the reward here is the same number per seed
+    md = table(s)
+    assert "Against `bf16` at equal steps" in md
+    assert "| arm | held-out 10 | reward 10 |" in md
+    assert "| triage_bf16 | +0.080 ± 0.109 (p 0.50) | +0.080 ± 0.109 (p 0.50) |" in md
+    assert "vs_baseline" not in summarize(load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
+                                                                     "arms: [bf16, triage_bf16]\n")), {"bf16": 10,
+                                                                                                      "triage_bf16": 10})
