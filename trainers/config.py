@@ -46,6 +46,8 @@ class ModelConfig:
 class PrecisionConfig:
     # "bf16" = plain linears in model.dtype (no patching); "auto" = $MINITE_RECIPE or minite's default;
     # anything else is a minite precision recipe name (minite_kernels.recipes.list_recipes()).
+    # the two may differ (a BF16 learner with an NVFP4 or FP8 sampler, as verl runs vLLM): engine=local then
+    # gives the sampler its own copy of the model, which the weight sync refreshes after every update
     learner: str = "bf16"
     sampler: str = "bf16"
     # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
@@ -420,11 +422,11 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"precision.{side}={name!r} is not a precision recipe{did_you_mean(name, valid)}; "
                               "valid choices: "
                               + ", ".join(valid))
-    if cfg.engine == "local" and cfg.precision.learner != cfg.precision.sampler:
+    if cfg.precision.alignment == "strict" and cfg.precision.learner != cfg.precision.sampler:
         raise ConfigError(
-            f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: "
-            "engine=local shares one model object between learner and sampler, so both run one precision recipe. "
-            "Set them equal (or use engine=verl, where vLLM is the sampler).")
+            f"precision.learner={cfg.precision.learner!r} != precision.sampler={cfg.precision.sampler!r}: strict "
+            "alignment makes the sampler compute the learner's bits, which needs one precision recipe for both. "
+            "Set them equal (precision=NAME), or use precision.alignment=default")
     if cfg.engine == "verl" and any(isinstance(e, int) for e in cfg.precision.exclude):
         raise ConfigError(
             f"precision.exclude={list(cfg.precision.exclude)!r}: block indices apply to engine=local; with "

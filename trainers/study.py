@@ -622,10 +622,10 @@ def comparison_table(vs: dict) -> list[str]:
         return []
     names = {"eval": "held-out", "reward": "reward"}
     head = ["arm"] + [f"{names.get(k.split('@')[0], k.split('@')[0])} {k.split('@')[1]}" for k in keys]
-    lines = ["", f"Against `{vs['baseline']}` at equal steps: difference of the seed means ± its Welch standard "
-             "error, and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with 3 seeds "
-             "per arm the smallest possible p is 0.10):", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    note = (f"Against `{vs['baseline']}` at equal steps: difference of the seed means ± its Welch standard error, "
+            "and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with 3 seeds per arm "
+            "the smallest possible p is 0.10):")
+    lines = ["", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, cmp in vs["arms"].items():
         cells = [arm]
         for k in keys:

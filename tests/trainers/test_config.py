@@ -57,7 +57,8 @@ def test_overrides_grammar():
     (["rollout.n=0"], r"rollout.n=0 must be > 0"),
     (["algorithm.micro_batch_tokens=-8"], r"algorithm.micro_batch_tokens=-8 must be >= 0"),
     (["rollout.top_p=0.9"], r"truncated sampling is refused"),
-    (["precision.learner=nvfp4_per_token"], r"engine=local shares one model object"),
+    (["precision.learner=nvfp4_per_token", "precision.alignment=strict"], r"strict alignment makes the sampler "
+                                                                          r"compute the learner's bits"),
     (["precision=nvfp4_per_tokn"], r"did you mean 'nvfp4_per_token'\?"),
     (["recipe=triage_bf16", "+algorithm.triage.repair_coeff=1"], r"did you mean 'repair_coef'\?"),
     (["algorithm.triage.gate=false"], r"algorithm.loss_mode='vanilla'"),

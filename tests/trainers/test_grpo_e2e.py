@@ -384,3 +384,42 @@ def test_unusable_devices_and_output_dirs_are_one_line_errors(tiny_model_dir, tm
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="sees no CUDA device"):
             LocalTrainer(load_config(["recipe=bf16", "model.device=cuda", *_args(tiny_model_dir, tmp_path / "c")]))
+
+
+SEPARATE = ["recipe=bf16", "precision.learner=bf16", "precision.sampler=nvfp4_per_token_w1x16_bf16_bwd",
+            "trainer.save_every=1", "trainer.cpu_threads=1", "reward.fn=reward_helpers:length_reward"]
+
+
+def test_a_sampler_with_its_own_precision_gets_the_learners_weights(tiny_model_dir, tmp_path):
+    """precision.learner=bf16 with an NVFP4 sampler (verl's BF16 learner + quantized rollout): the sampler runs
+    its own quantized copy of the model, the learner stays unquantized, and after every update the sampler
+    holds the learner's new weights; the gap is the precision mismatch."""
+    from minite_kernels.modules.linear import Linear as QLinear
+
+    out = tmp_path / "run"
+    trainer = LocalTrainer(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, out),
+                                        "rollout.n=8"]))  # 8 samples a prompt: rewards that differ in a group
+    trainer.setup()
+    assert trainer.sampler_model is not trainer.model and trainer.sampler.model is trainer.sampler_model
+    assert not any(isinstance(m, QLinear) for m in trainer.model.modules())
+    assert any(isinstance(m, QLinear) for m in trainer.sampler_model.modules())
+    assert not any(p.requires_grad for p in trainer.sampler_model.parameters())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.step(0)
+    assert metrics["reward/zero_adv_groups_frac"] < 1
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())  # it trained
+    assert all(torch.equal(dst, src) for dst, src in trainer._param_pairs)  # and the sampler has it
+    assert metrics["mismatch/abs_gap_mean"] > 1e-3  # NVFP4 sampler against the unquantized learner
+    meta = json.loads((out / "run_meta.json").read_text())
+    assert meta["precision"]["patched"] is False and meta["sampler_precision"]["patched"] is True
+
+
+def test_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path):
+    """The sampler's copy is rebuilt from the checkpoint's learner weights: 1 step, then a resumed 2nd, logs
+    what 2 uninterrupted steps log."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_local(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, full)]))
+    run_local(load_config(["trainer.max_steps=1", *SEPARATE, *_args(tiny_model_dir, part)]))
+    run_local(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, part)]))
+    a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
+    assert [r["step"] for r in b] == [1, 2] and a == b

@@ -8,6 +8,7 @@ learner recomputes old_logp (one full forward, same P) -> delta = old_logp - sam
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import pathlib
@@ -109,9 +110,10 @@ def _write_meta(run_dir: pathlib.Path, updates: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def apply_precision(model, cfg: Config, run_dir: pathlib.Path) -> dict[str, Any]:
-    """Patch the linears with the precision recipe (shared by learner and sampler); 'bf16' leaves them as is."""
-    name = cfg.precision.learner
+def apply_precision(model, cfg: Config, run_dir: pathlib.Path | None, side: str = "learner") -> dict[str, Any]:
+    """Patch the linears with ``precision.<side>`` (one model serves learner and sampler when the two are equal);
+    'bf16' leaves them as is. ``run_dir``: where ``quantize_model`` records its layer report (None: nowhere)."""
+    name = getattr(cfg.precision, side)
     if name == "bf16":
         return {"recipe": "bf16", "patched": False, "note": "plain torch linears in model.dtype"}
     from minite_kernels import quantize_model
@@ -186,6 +188,17 @@ def _warn_config_changes(path: pathlib.Path, cfg: Config) -> None:
               "uninterrupted one", file=sys.stderr)
 
 
+def _param_pairs(learner, sampler) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(sampler parameter, learner parameter) by name; the two models must hold the same parameters (both are
+    the loaded model, patched with different recipes, which keeps parameter names and shapes)."""
+    mine, theirs = dict(learner.named_parameters()), dict(sampler.named_parameters())
+    if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+        diff = sorted(set(mine) ^ set(theirs)) or [k for k in mine if mine[k].shape != theirs[k].shape]
+        raise ConfigError(f"precision.sampler: the sampler's model does not hold the learner's parameters "
+                          f"(first difference: {diff[0]!r}); use one precision for both")
+    return [(theirs[k], mine[k]) for k in mine]
+
+
 def _weight_cache_misses(model) -> int:
     try:
         from minite_kernels.modules.functional import WeightCache
@@ -236,9 +249,17 @@ class LocalTrainer:
         else:
             self.model, self.tok = load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype,
                                                             device=str(self.device))
+        # precision.sampler != precision.learner: the sampler runs its own copy of the model under its own recipe
+        # (verl's layout: a BF16 learner with an FP8 or NVFP4 rollout), and the weight sync copies the learner's
+        # parameters into it after every update
+        separate = cfg.precision.sampler != cfg.precision.learner
+        self.sampler_model = copy.deepcopy(self.model).requires_grad_(False).eval() if separate else self.model
         self.precision = apply_precision(self.model, cfg, self.run_dir)
+        self.sampler_precision = (apply_precision(self.sampler_model, cfg, None, side="sampler") if separate
+                                  else self.precision)
+        self._param_pairs = _param_pairs(self.model, self.sampler_model) if separate else []
         try:
-            self.sampler = make_sampler(self.model, self.tok, batch_size=cfg.rollout.batch_size,
+            self.sampler = make_sampler(self.sampler_model, self.tok, batch_size=cfg.rollout.batch_size,
                                         engine=cfg.rollout.sampler, alignment=cfg.precision.alignment)
         except UnsupportedModel as e:
             raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
@@ -274,6 +295,7 @@ class LocalTrainer:
                 self.cpu_threads = choose_cpu_threads(self.state["cpu_threads"], self.device)
             self.state["cpu_threads"] = self.cpu_threads
             self.start_step = int(st["step"])
+            self._copy_to_sampler()
             print(f"[trainers] resumed from {ckpt} (step {self.start_step})", file=sys.stderr)
         self.state["run_id"] = self.state["run_id"] or uuid.uuid4().hex[:12]
         if ckpt is not None:
@@ -289,6 +311,7 @@ class LocalTrainer:
         atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
+                "sampler_precision": self.sampler_precision,
                 "cpu_threads": self.cpu_threads, "optimizer": self.optim_impl,
                 "alignment": cfg.precision.alignment,
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
@@ -427,25 +450,36 @@ class LocalTrainer:
         return out, nonfinite
 
     def _weight_sync(self) -> dict[str, float]:
-        """The sampler shares the learner's parameters; quantized weight caches are keyed on the parameter
-        version counter, so the first sampler forward after the optimizer step re-quantizes. On CUDA with the
-        Triton kernels, all eligible weights are re-quantized here in grouped launches (ModelWeightSync, with
-        the optimizer's amaxes when it records them); whatever remains is re-quantized by a 1-token forward,
-        so the whole cost is reported as `timing/sync_s`."""
-        if not self.precision.get("patched"):
+        """The sampler's weights after an update. With one precision it shares the learner's parameters; with
+        its own (``precision.sampler``) they are first copied in place into its model. Quantized weight caches
+        are keyed on the parameter version counter, so the first sampler forward after that re-quantizes. On
+        CUDA with the Triton kernels, all eligible weights are re-quantized here in grouped launches
+        (ModelWeightSync, with the optimizer's amaxes when it records them, i.e. for shared parameters);
+        whatever remains is re-quantized by a 1-token forward, so the whole cost is reported as
+        `timing/sync_s`."""
+        self._copy_to_sampler()
+        if not self.sampler_precision.get("patched"):
             return {}
         metrics: dict[str, float] = {}
         if self._triton_ok:
             if self._grouped_sync is None:
                 from minite_kernels.modules.weight_sync import ModelWeightSync
 
-                self._grouped_sync = ModelWeightSync(self.model, self.optimizer)
+                shared = self.sampler_model is self.model
+                self._grouped_sync = ModelWeightSync(self.sampler_model, self.optimizer if shared else None)
             metrics = self._grouped_sync.sync()
-        before = _weight_cache_misses(self.model)
+        before = _weight_cache_misses(self.sampler_model)
         with torch.no_grad():
-            self.model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
-        metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.model) - before)
+            self.sampler_model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
+        metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.sampler_model) - before)
         return metrics
+
+    def _copy_to_sampler(self) -> None:
+        """The learner's parameters into the sampler's own model, in place (the CUDA-graph sampler's buffers
+        keep their addresses); nothing when the two share one model."""
+        with torch.no_grad():
+            for dst, src in self._param_pairs:
+                dst.copy_(src)
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step; under ``precision.alignment=strict`` every reduction is batch-invariant
@@ -569,7 +603,7 @@ class LocalTrainer:
                     done = step + 1
                     if heldout.due(cfg, done) and self.state["consecutive_nan"] == 0:
                         last.update(heldout.evaluate(cfg, done, sampler=self.sampler, tokenizer=self.tok,
-                                                     precision=self.precision, device=self.device,
+                                                     precision=self.sampler_precision, device=self.device,
                                                      run_dir=self.run_dir))
                     tracker.log(done, last)
                     if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
