@@ -21,7 +21,8 @@ def test_default_is_embedded_cpu_run():
     assert cfg.rollout.top_p == 1.0 and cfg.rollout.top_k == -1
 
 
-@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "strict_nvfp4", "bf16", "triage_bf16", "default"])
+@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "strict_nvfp4", "bf16", "triage_bf16", "default",
+                                  "rollout_nvfp4", "tis_rollout_nvfp4", "triage_rollout_nvfp4"])
 def test_every_training_recipe_loads(name):
     assert name in list_recipes()
     cfg = load_config([f"recipe={name}"])
@@ -36,6 +37,11 @@ def test_recipes_mean_what_they_say():
     assert tis.algorithm.loss_mode == "vanilla" and tis.algorithm.rollout_correction.rollout_is == "token"
     assert load_config(["recipe=nvfp4"]).algorithm.rollout_correction.rollout_is is None
     assert load_config(["recipe=bf16"]).precision.learner == "bf16"
+    for name, loss, tis in (("rollout_nvfp4", "vanilla", None), ("tis_rollout_nvfp4", "vanilla", "token"),
+                            ("triage_rollout_nvfp4", "triage", None)):
+        r = load_config([f"recipe={name}"])
+        assert (r.precision.learner, r.precision.sampler) == ("bf16", "nvfp4_per_token_w1x16_bf16_bwd")
+        assert r.algorithm.loss_mode == loss and r.algorithm.rollout_correction.rollout_is == tis
 
 
 def test_overrides_grammar():
