@@ -33,6 +33,7 @@ Study file (``recipes/study_arithmetic.yaml``)::
     window: 10                  # steps in each moving mean
     baseline: nvfp4             # optional: every other arm against it at equal steps (difference, Welch se,
                                 # permutation p; trainers/compare.py), in summary.json and table.md
+    defaults: [other_study]     # optional: start from other_study.yaml beside this file (keys here win)
 """
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfi
     if not p.is_file():
         raise StudyError(f"study file {str(p)!r} does not exist")
     try:
-        tree = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(p), OmegaConf.from_dotlist(list(overrides))))
+        tree = OmegaConf.to_container(OmegaConf.merge(_with_defaults(p), OmegaConf.from_dotlist(list(overrides))))
     except (OmegaConfBaseException, ValueError) as e:
         raise StudyError(f"{p}: cannot parse the study or its overrides ({e})") from None
     if not isinstance(tree, dict):
@@ -131,6 +132,27 @@ def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfi
         if key not in tree:
             raise StudyError(f"{p}: {key!r} is required")
     return _build(tree, p)
+
+
+def _with_defaults(p: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()):
+    """The study file merged over the studies its ``defaults: [name, ...]`` names (files ``<name>.yaml`` beside
+    it, themselves resolved the same way; later ones and the file itself win; lists are replaced, not joined)."""
+    from omegaconf import OmegaConf
+
+    if p.resolve() in seen:
+        raise StudyError(f"{p}: defaults form a cycle ({' -> '.join(str(s) for s in (*seen, p))})")
+    own = OmegaConf.load(p)
+    names = own.pop("defaults", None) or []
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise StudyError(f"{p}: defaults must be a list of study names (files beside it), got {names!r}")
+    parts = []
+    for name in names:
+        base = p.parent / f"{name}.yaml"
+        if not base.is_file():
+            have = sorted(f.stem for f in p.parent.glob("*.yaml") if f != p)
+            raise StudyError(f"{p}: defaults: no study {name!r} beside it; valid: {', '.join(have)}")
+        parts.append(_with_defaults(base, (*seen, p.resolve())))
+    return OmegaConf.merge(*parts, own)
 
 
 def _build(tree: dict, p: pathlib.Path) -> StudyConfig:

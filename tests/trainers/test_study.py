@@ -22,7 +22,7 @@ def _write(tmp_path, text: str) -> pathlib.Path:
 
 
 def test_bundled_studies_validate():
-    for name in ("arithmetic", "smoke", "default"):
+    for name in ("arithmetic", "smoke", "default", "rollout_nvfp4"):
         cfg = load_study(REPO / "recipes" / "studies" / f"{name}.yaml")
         assert cfg.arms and cfg.seeds
 
@@ -268,3 +268,19 @@ def test_arms_are_compared_with_the_baseline_at_equal_steps(tmp_path):
     assert "vs_baseline" not in summarize(load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
                                                                      "arms: [bf16, triage_bf16]\n")), {"bf16": 10,
                                                                                                       "triage_bf16": 10})
+
+
+def test_a_study_can_start_from_another(tmp_path):
+    """defaults: [name] merges name.yaml beside the file under it; keys of the file win, lists are replaced."""
+    (tmp_path / "base.yaml").write_text("name: base\noutput_dir: o\narms: [bf16, nvfp4]\nseeds: [0, 1, 2]\n"
+                                        "train: {rollout.n: 8}\nwindow: 3\n")
+    (tmp_path / "child.yaml").write_text("defaults: [base]\nname: child\narms: [triage_bf16]\nwindow: 5\n")
+    c = load_study(tmp_path / "child.yaml", ["seeds=[4]"])
+    assert (c.name, c.output_dir, c.arms, c.seeds, c.window) == ("child", "o", ("triage_bf16",), (4,), 5)
+    assert c.train["rollout.n"] == 8
+    (tmp_path / "loop.yaml").write_text("defaults: [loop]\nname: l\n")
+    with pytest.raises(StudyError, match="defaults form a cycle"):
+        load_study(tmp_path / "loop.yaml")
+    (tmp_path / "orphan.yaml").write_text("defaults: [nowhere]\nname: x\n")
+    with pytest.raises(StudyError, match="no study 'nowhere' beside it; valid: base, child, loop"):
+        load_study(tmp_path / "orphan.yaml")
