@@ -288,7 +288,7 @@ def _run_all(jobs: list[tuple[str, list[str], pathlib.Path]], parallel: int, say
     try:
         return _schedule(pending, running, status, parallel, env, say, stop_at)
     finally:  # interrupted (Ctrl-C, a kill of the study): no run keeps going unwatched, holding its directory
-        for proc, _ in running.values():
+        for proc, _, _ in running.values():
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()
@@ -298,10 +298,10 @@ def _schedule(pending, running, status, parallel, env, say, stop_at):
     while pending or running:
         if stop_at is not None and time.monotonic() >= stop_at:
             # SIGTERM: each run finishes its step and saves it (trainers.stopping); after STOP_GRACE_S, SIGKILL
-            for proc, _ in running.values():
+            for proc, _, _ in running.values():
                 proc.terminate()
             deadline = time.monotonic() + STOP_GRACE_S
-            for name, (proc, _) in running.items():
+            for name, (proc, _, _) in running.items():
                 try:
                     proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                     how = "after saving its step"
@@ -317,15 +317,25 @@ def _schedule(pending, running, status, parallel, env, say, stop_at):
         while pending and len(running) < parallel:
             name, cmd, log = pending.pop(0)
             say(f"start {name} (log {log})")
-            running[name] = (_launch(cmd, log, env), time.monotonic())
+            running[name] = (_launch(cmd, log, env), time.monotonic(), log)
         time.sleep(0.2)
-        for name, (proc, t0) in list(running.items()):
+        for name, (proc, t0, log) in list(running.items()):
             rc = proc.poll()
             if rc is not None:
                 status[name] = rc
                 del running[name]
-                say(f"{'done' if rc == 0 else f'FAILED (exit {rc})'} {name} in {time.monotonic() - t0:.0f} s")
+                why = "" if rc == 0 else f": {_last_line(log)}"
+                say(f"{'done' if rc == 0 else f'FAILED (exit {rc})'} {name} in {time.monotonic() - t0:.0f} s{why}")
     return status
+
+
+def _last_line(log: pathlib.Path) -> str:
+    """The last non-empty line of a run's log (a failed run's one-line error), at most 300 characters."""
+    try:
+        lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"see {log}"
+    return lines[-1][:300] if lines else f"see {log}"
 
 
 def eval_dir(run: pathlib.Path) -> pathlib.Path | None:

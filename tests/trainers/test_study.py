@@ -284,3 +284,15 @@ def test_a_study_can_start_from_another(tmp_path):
     (tmp_path / "orphan.yaml").write_text("defaults: [nowhere]\nname: x\n")
     with pytest.raises(StudyError, match="no study 'nowhere' beside it; valid: base, child, loop"):
         load_study(tmp_path / "orphan.yaml")
+
+
+def test_a_failed_run_is_reported_with_its_error_line(tmp_path):
+    import sys
+
+    said = []
+    cmd = [sys.executable, "-c", "import sys; print('warming up'); print('error: model.device=cuda, no GPU'); "
+                                 "sys.exit(3)"]
+    status = study._run_all([("arm/seed0", cmd, tmp_path / "logs" / "a.log")], 1, said.append)
+    assert status == {"arm/seed0": 3}
+    assert any(m.startswith("FAILED (exit 3) arm/seed0 in ") and m.endswith(": error: model.device=cuda, no GPU")
+               for m in said), said
