@@ -109,9 +109,9 @@ _CONFIGS = [
 #: exact-M key re-benchmarks all configurations for each new M (seconds per GEMM shape, far more on a shared GPU)
 AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "SA_VEC", "SB_VEC"]
 #: decode-sized GEMMs (M <= SMALL_M rows) take one fixed configuration instead of the autotuner: each new batch
-#: bucket of a sampler would otherwise benchmark every configuration for every linear shape, the whole cost of
-#: an fp32 model's new CUDA-graph keys when several runs share the GPU (benchmarks/learning/README.md). One
-#: M tile holds all the rows; 64-wide N tiles give a small-N linear several programs.
+#: bucket of a sampler would otherwise benchmark every configuration for every linear shape, which is where an
+#: fp32 model's slow CUDA-graph captures went when several runs shared the GPU (benchmarks/learning/README.md).
+#: One M tile holds all the rows; 64-wide N tiles give a small-N linear several programs.
 SMALL_M = 64
 SMALL_M_META = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
 
