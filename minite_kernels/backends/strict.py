@@ -45,11 +45,11 @@ class StrictBackend(EmulatedBackend):
 
     def _quantize(self, x2d: torch.Tensor, spec: OperandSpec, *, generator=None) -> QuantizedOperand:
         t = self._triton
-        if t is not None and spec.format == "nvfp4" and t._kernel_ok(x2d):
+        if t is not None and t.supports_quantize(spec)[0]:  # NVFP4 (inputs its kernels cannot take: formats)
             from minite_kernels.options import use_options
 
             with use_options(decode="off"):
-                return t._quantize(x2d, spec, generator=generator)
+                return t.quantize(x2d, spec, generator=generator)
         return super()._quantize(x2d, spec, generator=generator)
 
     def clear_cache(self) -> None:
