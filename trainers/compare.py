@@ -35,6 +35,12 @@ def compare(arm: list[float], base: list[float]) -> dict | None:
     return {"diff": diff, "se": se, "p": permutation_p(a, b), "n": [len(a), len(b)]}
 
 
+def min_p(n_a: int, n_b: int) -> float:
+    """The smallest permutation p-value that n_a against n_b seeds can give: only the observed split (and, when
+    the groups are the same size, its mirror) is as extreme. 3 against 3: 2/20 = 0.10; 4 against 4: 2/70."""
+    return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
+
+
 def permutation_p(a: list[float], b: list[float]) -> float | None:
     """The exact two-sided permutation p-value of mean(a) - mean(b) (None above :data:`MAX_EXACT` values)."""
     pooled = a + b

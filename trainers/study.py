@@ -654,9 +654,12 @@ def comparison_table(vs: dict) -> list[str]:
         return []
     names = {"eval": "held-out", "reward": "reward"}
     head = ["arm"] + [f"{names.get(k.split('@')[0], k.split('@')[0])} {k.split('@')[1]}" for k in keys]
+    from trainers.compare import min_p
+
+    n_a, n_b = max((tuple(c["n"]) for cmp in vs["arms"].values() for c in cmp.values() if c), key=sum)
     note = (f"Against `{vs['baseline']}` at equal steps: difference of the seed means ± its Welch standard error, "
-            "and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with 3 seeds per arm "
-            "the smallest possible p is 0.10):")
+            f"and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with {n_a} against "
+            f"{n_b} seeds the smallest possible p is {min_p(n_a, n_b):.2f}):")
     lines = ["", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, cmp in vs["arms"].items():
         cells = [arm]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.compare import MAX_EXACT, compare, permutation_p
+from trainers.compare import MAX_EXACT, compare, min_p, permutation_p
 
 
 def test_the_docstring_example():
@@ -22,7 +22,9 @@ def test_the_docstring_example():
 def test_three_seeds_cannot_reach_five_percent():
     """Fully separated arms of 3 seeds each: only the observed split and its mirror are as extreme, 2 of 20."""
     assert permutation_p([3.0, 4.0, 5.0], [0.0, 1.0, 2.0]) == pytest.approx(0.1)
-    assert permutation_p([10.0, 11.0, 12.0, 13.0], [0.0, 1.0, 2.0, 3.0]) == pytest.approx(2 / 70)
+    assert permutation_p([10.0, 11.0, 12.0, 13.0], [0.0, 1.0, 2.0, 3.0]) == pytest.approx(2 / 70) == min_p(4, 4)
+    assert min_p(3, 3) == pytest.approx(0.1)
+    assert permutation_p([5.0, 6.0], [0.0, 1.0, 2.0]) == pytest.approx(1 / 10) == min_p(2, 3)  # no mirror split
 
 
 def test_few_seeds_and_empty_sides():

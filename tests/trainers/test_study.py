@@ -262,7 +262,7 @@ def test_arms_are_compared_with_the_baseline_at_equal_steps(tmp_path):
     assert ev["diff"] == pytest.approx(0.08) and ev["p"] == pytest.approx(0.5) and ev["n"] == [3, 3]
     assert rw == ev  # the reward here is the same number per seed
     md = table(s)
-    assert "Against `bf16` at equal steps" in md
+    assert "Against `bf16` at equal steps" in md and "with 3 against 3 seeds the smallest possible p is 0.10" in md
     assert "| arm | held-out 10 | reward 10 |" in md
     assert "| triage_bf16 | +0.080 ± 0.109 (p 0.50) | +0.080 ± 0.109 (p 0.50) |" in md
     assert "vs_baseline" not in summarize(load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
