@@ -175,7 +175,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         msg = f"torch is not importable ({e}); every recipe needs torch"
         print(json.dumps({"ok": False, "error": msg}) if args.json else f"error: {msg}")
         return 1
-    from minite_kernels.backends import BACKEND_NAMES, backend_status, device_summary, plan_recipe
+    from minite_kernels.backends import BACKEND_NAMES, NAMED_ONLY, backend_status, device_summary, plan_recipe
 
     try:
         dev = device_summary(args.device)
@@ -192,7 +192,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     }
     backends = {
         name: dict(zip(("available", "reason"), backend_status(name, dev["device"])))
-        for name in BACKEND_NAMES
+        for name in BACKEND_NAMES + NAMED_ONLY
     }
     try:
         plan = plan_recipe(recipe, args.backend, dev["device"])
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--recipe", default=None, help=f"recipe name (default: ${R.ENV_RECIPE} or {R.DEFAULT_RECIPE})"
     )
-    s.add_argument("--backend", default="auto", help="auto | emulated | triton | te | flashinfer")
+    s.add_argument("--backend", default="auto", help="auto | emulated | triton | te | flashinfer | strict")
     s.add_argument("--device", default=None, help="torch device (default: current CUDA device, else cpu)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_doctor)

@@ -52,7 +52,7 @@ class PrecisionConfig:
     sampler: str = "bf16"
     # left in high precision: module-name patterns (glob or 're:regex') and block indices (-1 = the last block)
     exclude: tuple[int | str, ...] = ("lm_head",)
-    backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer
+    backend: str = "auto"  # minite backend: auto | emulated | triton | te | flashinfer | strict
     # strict: every reduction on the token path batch-invariant (minite_kernels.strict: fp64 rounded once on
     # CPU, fixed-order Triton kernels on CUDA), so the sampler's log-probs equal the learner's bit for bit;
     # default: the kernels' own order

@@ -99,6 +99,7 @@ def test_doctor_cpu_plans_emulated(capsys, monkeypatch):
     assert not d["backends"]["te"]["available"] and "10.0" in d["backends"]["te"]["reason"]
     assert not d["backends"]["flashinfer"]["available"]
     assert d["backends"]["emulated"]["available"]
+    assert d["backends"]["strict"]["available"]  # strict alignment's backend, listed though "auto" never picks it
 
 
 def test_doctor_bf16_backward_runs_in_torch(capsys, monkeypatch):
