@@ -7,9 +7,9 @@ process, on CPU or CUDA.
 
 For each mode, on its own copy of the model (the default mode runs the device's fastest backend and sampler: on
 CUDA the Triton NVFP4 backend and the CUDA-graph engine with fused and packed ops; the strict mode the strict
-backend, dequantized GEMMs through the batch-invariant kernels with the Triton quantizer, in the same engine): one warm-up rollout, then a
-timed rollout of ``--prompts`` prompts (mixed lengths, one batch, ``--new-tokens`` tokens, T = 1) and the
-learner's log-prob recompute (one full forward). It reports both times, the sampler's tokens/s, the
+backend, dequantized GEMMs through the batch-invariant kernels with the Triton quantizer, in the same engine):
+one warm-up rollout, then a timed rollout of ``--prompts`` prompts (mixed lengths, one batch, ``--new-tokens``
+tokens, T = 1) and the learner's log-prob recompute (one full forward). It reports both times, the sampler's tokens/s, the
 sampler/learner mean and max |delta| and whether every token's delta is exactly 0. Prints one JSON line.
 """
 from __future__ import annotations
