@@ -21,8 +21,8 @@ def test_default_is_embedded_cpu_run():
     assert cfg.rollout.top_p == 1.0 and cfg.rollout.top_k == -1
 
 
-@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "strict_nvfp4", "bf16", "triage_bf16", "default",
-                                  "rollout_nvfp4", "tis_rollout_nvfp4", "triage_rollout_nvfp4"])
+@pytest.mark.parametrize("name", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "strict_nvfp4", "bf16", "triage_bf16",
+                                  "default", "rollout_nvfp4", "tis_rollout_nvfp4", "triage_rollout_nvfp4"])
 def test_every_training_recipe_loads(name):
     assert name in list_recipes()
     cfg = load_config([f"recipe={name}"])

@@ -52,7 +52,8 @@ def _flat_keys(node, prefix=""):
 # ---------------------------------------------------------------------------------------------- overrides
 
 
-@pytest.mark.parametrize("recipe", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16", "triage_rollout_nvfp4"])
+@pytest.mark.parametrize("recipe", ["triage_nvfp4", "tis_nvfp4", "nvfp4", "bf16", "triage_bf16",
+                                    "triage_rollout_nvfp4"])
 def test_every_override_key_exists_in_verls_generated_config(tmp_path, recipe):
     """Each non-'+' override names a key of verl 0.9.1's _generated_ppo_trainer.yaml; '+' ones do not."""
     from omegaconf import OmegaConf
