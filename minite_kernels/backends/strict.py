@@ -23,6 +23,7 @@ import torch
 
 from minite_kernels.backends.base import QuantizedOperand
 from minite_kernels.backends.emulated import EmulatedBackend
+from minite_kernels.options import use_options
 from minite_kernels.recipes import OperandSpec
 
 
@@ -46,8 +47,6 @@ class StrictBackend(EmulatedBackend):
     def _quantize(self, x2d: torch.Tensor, spec: OperandSpec, *, generator=None) -> QuantizedOperand:
         t = self._triton
         if t is not None and t.supports_quantize(spec)[0]:  # NVFP4 (inputs its kernels cannot take: formats)
-            from minite_kernels.options import use_options
-
             with use_options(decode="off"):
                 return t.quantize(x2d, spec, generator=generator)
         return super()._quantize(x2d, spec, generator=generator)

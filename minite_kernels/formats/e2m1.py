@@ -22,6 +22,8 @@ Worked example: ``e2m1_encode(tensor([0.25, 0.75, 2.5, -5.5, -0.1]))`` gives cod
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: Decoded value of each 4-bit code (index = code); code 8 is -0.0.
@@ -61,16 +63,11 @@ def e2m1_table(device: torch.device | str | None = None, dtype: torch.dtype = to
     return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
 
 
-_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _cached_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``e2m1_table`` built once per (device, dtype): no host-to-device copy per decode, which a CUDA graph
     capture would refuse (the warm-up before a capture builds it). Internal and never written to."""
-    t = _TABLES.get((device, dtype))
-    if t is None:
-        t = _TABLES[(device, dtype)] = e2m1_table(device, dtype)
-    return t
+    return e2m1_table(device, dtype)
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
