@@ -13,20 +13,46 @@
 # .whl holds cp312 wheels of what the image lacks: verl 0.9.1, tensordict 0.10.0, pyvers, omegaconf, hydra-core,
 # antlr4-python3-runtime 4.9.3 (sdist only: `pip wheel` it), math-verify, latex2sympy2_extended, gguf, codetiming,
 # dill and orjson (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`, 3 MB).
-# Everything comes back through $OUT: summary.txt, the study's table/summary, and study.tgz (no checkpoints).
-# STUDY=NAME runs recipes/studies/NAME.yaml (default: arithmetic) in /tmp/study_NAME; STUDY_FRESH=1 starts
-# the grid from nothing but the recorded step-0 evals (else the runs recorded in benchmarks/learning/study_NAME
-# seed it and only the missing ones train).
+# Everything comes back through $OUT: summary.txt, and per study NAME/ with its table, summary and study.tgz
+# (no checkpoints). STUDY=NAME runs recipes/studies/NAME.yaml (default: arithmetic) in /tmp/study_NAME;
+# STUDY="A B" runs several side by side; STUDY_FRESH=1 starts each grid from nothing but its recorded step-0
+# evals (else the runs recorded in benchmarks/learning/study_NAME seed it and only the missing ones train).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
 export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
 source "$(dirname "$0")/device_common.sh"
 mkdir -p /tmp/parts
-study=${STUDY:-arithmetic}
-study_dir=/tmp/study_$study
-recorded=benchmarks/learning/study_$study
+studies=${STUDY:-arithmetic}
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 for p in .carry/gguf.*; do [ -f "$p" ] && cp "$p" /tmp/parts/; done
+# one study: seed its grid from the recorded runs, run or resume it, and put its table, summary and outputs
+# (no checkpoints) under $out/NAME/
+run_study() {
+    local study=$1 study_dir=/tmp/study_$1 recorded=benchmarks/learning/study_$1 sout=$out/$1
+    mkdir -p "$sout"
+    # the finished runs recorded in the repository (metrics, configs, evals) seed the grid, so only the missing
+    # runs train; runs without their checkpoints start again from step 0
+    if [ ! -d "$study_dir" ] && [ -d "$recorded" ]; then
+        if [ "${STUDY_FRESH:-0}" = 1 ]; then
+            mkdir -p "$study_dir" && { [ ! -d "$recorded/step0" ] || cp -r "$recorded/step0" "$study_dir/"; }
+        else
+            cp -r "$recorded" "$study_dir"
+        fi
+    fi
+    # STUDY_SECONDS - TRAIN_SECONDS holds the runs' last step and save after SIGTERM (at most 90 s) and any evals
+    # shellcheck disable=SC2086
+    step "study_$study" "${STUDY_SECONDS:-560}" python3 -m trainers.study "recipes/studies/$study.yaml" \
+        --train-seconds "${TRAIN_SECONDS:-420}" output_dir=$study_dir ${STUDY_ARGS:-}
+    if ! grep -q "^study_$study rc=[01] " "$out/summary.txt"; then  # killed: summarise what is on disk
+        timeout 60 python3 -c "from trainers.study import load_study, summarize, max_steps, write_outputs
+cfg = load_study('recipes/studies/$study.yaml', ['output_dir=$study_dir'])
+s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['stopped'] = []; write_outputs(cfg, s)" \
+            > "$sout/summarize.log" 2>&1
+    fi
+    cp "$study_dir/table.md" "$study_dir/summary.json" "$sout/" 2>/dev/null
+    tar czf "$sout/study.tgz" -C /tmp --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' \
+        "study_$study" 2>> "$out/summary.txt"
+}
 case "${1:-}" in
 carry1)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -72,27 +98,14 @@ study)
             rm -f "$gguf.part"; exit 1; }
         mv "$gguf.part" "$gguf"
     fi
-    # the finished runs recorded in the repository (metrics, configs, evals) seed the grid, so only the missing
-    # runs train; runs without their checkpoints start again from step 0
-    if [ ! -d "$study_dir" ] && [ -d "$recorded" ]; then
-        if [ "${STUDY_FRESH:-0}" = 1 ]; then
-            mkdir -p "$study_dir" && { [ ! -d "$recorded/step0" ] || cp -r "$recorded/step0" "$study_dir/"; }
-        else
-            cp -r "$recorded" "$study_dir"
-        fi
-    fi
-    # STUDY_SECONDS - TRAIN_SECONDS holds the runs' last step and save after SIGTERM (at most 90 s) and any evals
-    step study "${STUDY_SECONDS:-560}" python3 -m trainers.study "recipes/studies/$study.yaml" \
-        --train-seconds "${TRAIN_SECONDS:-420}" output_dir=$study_dir ${STUDY_ARGS:-}
-    if ! grep -q '^study rc=[01] ' "$out/summary.txt"; then  # killed: summarise what is on disk
-        timeout 60 python3 -c "from trainers.study import load_study, summarize, max_steps, write_outputs
-cfg = load_study('recipes/studies/$study.yaml', ['output_dir=$study_dir'])
-s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['stopped'] = []; write_outputs(cfg, s)" \
-            > "$out/summarize.log" 2>&1
-    fi
-    cp $study_dir/table.md $study_dir/summary.json "$out/" 2>/dev/null
-    tar czf "$out/study.tgz" -C /tmp --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' \
-        "study_$study" 2>> "$out/summary.txt"
+    # STUDY may name several studies ("arithmetic rollout_nvfp4"): they run side by side, each in its own
+    # /tmp/study_NAME, with its outputs under $out/NAME/
+    pids=()
+    for name in $studies; do
+        run_study "$name" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
     ;;
 *)
     echo "usage: $0 carry1|carry2|study" >&2
