@@ -76,6 +76,9 @@ tests/rollout/test_graph_sampler.py::test_gpu_graphs_match_reference_fp32}
 carry2)
     # issue #21: strict mode's cost, sampler and learner, against the default alignment
     step strict_bench 150 python3 scripts/bench_strict.py --device cuda --model qwen3-0.6b --prompts 32 --new-tokens 64
+    # issue #18: the TRIAGE loss against vanilla + TIS at the issue's size (target <= 1.5x with diagnostics on)
+    [ "${SKIP_TRIAGE_BENCH:-0}" = 1 ] || step triage_bench 120 python3 scripts/bench_triage.py --device cuda \
+        --batch 256 --seqlen 8192 --dtype bf16
     # issue #19: the whole GRPO step, BF16 against NVFP4 (TRAINER_ARGS adds options)
     # shellcheck disable=SC2086
     [ "${SKIP_TRAINER_BENCH:-0}" = 1 ] || step trainer_bench 300 python3 scripts/bench_trainer.py --reps 2 ${TRAINER_ARGS:-}
