@@ -1,0 +1,98 @@
+"""Record a study that ran elsewhere (a lent GPU): unpack its ``study.tgz`` into ``benchmarks/learning/study_NAME``
+and rebuild the table, summary and figures there.
+
+Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md``; kept per study:
+the step-0 evals. Not kept: checkpoints, logs, run metadata (host paths, timestamps). A run in the archive replaces
+the recorded one of the same arm and seed only if it reached at least as many steps, so a shorter rerun never
+overwrites a longer record.
+
+    python scripts/import_study.py OUT/arithmetic/study.tgz arithmetic   # -> benchmarks/learning/study_arithmetic
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import sys
+import tarfile
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainers.study import load_study, max_steps, read_metrics, summarize, write_outputs  # noqa: E402
+
+RUN_FILES = ("config.yaml", "metrics.jsonl")
+EVAL_FILES = ("results.json", "results.md")
+
+
+def _steps(run: pathlib.Path) -> int:
+    rows = read_metrics(run)
+    return int(max((r.get("step", 0) for r in rows), default=0))
+
+
+def import_runs(src: pathlib.Path, dst: pathlib.Path, arms: list[str], seeds: list[int]) -> list[str]:
+    """Copy the kept files of every run in ``src`` that is at least as long as its record in ``dst``; returns
+    one line per run saying what happened."""
+    said = []
+    for arm in arms:
+        for seed in seeds:
+            new, old = src / arm / f"seed{seed}", dst / arm / f"seed{seed}"
+            if not (new / "metrics.jsonl").is_file():
+                continue
+            n_new, n_old = _steps(new), _steps(old) if old.is_dir() else -1
+            if n_new < n_old:
+                said.append(f"{arm}/seed{seed}: kept the record ({n_old} steps; the archive has {n_new})")
+                continue
+            if old.is_dir():
+                shutil.rmtree(old)
+            old.mkdir(parents=True)
+            for f in RUN_FILES:
+                if (new / f).is_file():
+                    shutil.copy2(new / f, old / f)
+            for res in sorted((new / "eval").glob("*/results.json")):
+                out = old / "eval" / res.parent.name
+                out.mkdir(parents=True, exist_ok=True)
+                for f in EVAL_FILES:
+                    if (res.parent / f).is_file():
+                        shutil.copy2(res.parent / f, out / f)
+            said.append(f"{arm}/seed{seed}: {n_new} steps" + (f" (the record had {n_old})" if n_old >= 0 else " (new)"))
+    step0 = src / "step0"
+    for res in sorted(step0.glob("*/results.json")):
+        out = dst / "step0" / res.parent.name
+        out.mkdir(parents=True, exist_ok=True)
+        for f in EVAL_FILES:
+            if (res.parent / f).is_file():
+                shutil.copy2(res.parent / f, out / f)
+    return said
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("archive", type=pathlib.Path, help="study.tgz from scripts/h200_study.sh")
+    ap.add_argument("name", help="the study: recipes/studies/NAME.yaml")
+    ap.add_argument("--dest", type=pathlib.Path, default=None,
+                    help="where to record it (default: benchmarks/learning/study_NAME)")
+    a = ap.parse_args(argv)
+    spec = ROOT / "recipes" / "studies" / f"{a.name}.yaml"
+    if not spec.is_file():
+        names = sorted(p.stem for p in (ROOT / "recipes" / "studies").glob("*.yaml"))
+        ap.error(f"no study {a.name!r}; choose one of {', '.join(names)}")
+    dest = a.dest or ROOT / "benchmarks" / "learning" / f"study_{a.name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(a.archive) as tar:
+            tar.extractall(tmp, filter="data")
+        src = pathlib.Path(tmp) / f"study_{a.name}"
+        if not src.is_dir():
+            ap.error(f"{a.archive} holds no study_{a.name}/ folder")
+        cfg = load_study(spec, [f"output_dir={dest}"])
+        for line in import_runs(src, dest, list(cfg.arms), list(cfg.seeds)):
+            print(line)
+    cfg = load_study(spec, [f"output_dir={dest}"])
+    write_outputs(cfg, summarize(cfg, {arm: max_steps(cfg, arm) for arm in cfg.arms}))
+    print(f"wrote {dest}/table.md, summary.json, reward.png, panels.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
