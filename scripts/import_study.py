@@ -2,7 +2,7 @@
 and rebuild the table, summary and figures there.
 
 Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md``; kept per study:
-the step-0 evals. Not kept: checkpoints, logs, run metadata (host paths, timestamps). A run in the archive replaces
+the step-0 evals and ``study.json`` (the grid's configuration as it ran). Not kept: checkpoints, logs, run metadata (host paths, timestamps). A run in the archive replaces
 the recorded one of the same arm and seed only if it reached at least as many steps, so a shorter rerun never
 overwrites a longer record.
 
@@ -57,6 +57,8 @@ def import_runs(src: pathlib.Path, dst: pathlib.Path, arms: list[str], seeds: li
                     if (res.parent / f).is_file():
                         shutil.copy2(res.parent / f, out / f)
             said.append(f"{arm}/seed{seed}: {n_new} steps" + (f" (the record had {n_old})" if n_old >= 0 else " (new)"))
+    if (src / "study.json").is_file():
+        shutil.copy2(src / "study.json", dst / "study.json")
     step0 = src / "step0"
     for res in sorted(step0.glob("*/results.json")):
         out = dst / "step0" / res.parent.name

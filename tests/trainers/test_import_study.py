@@ -40,6 +40,7 @@ def test_import_keeps_longer_records_and_drops_checkpoints(tmp_path, capsys):
     src = tmp_path / "study_smoke"
     _run(src, "bf16", 3, 0.5)
     _run(src, "triage_bf16", 1, 0.1)
+    (src / "study.json").write_text('{"name": "smoke"}')
     with tarfile.open(tmp_path / "study.tgz", "w:gz") as tar:
         tar.add(src, arcname="study_smoke")
     dest = tmp_path / "recorded"
@@ -57,6 +58,7 @@ def test_import_keeps_longer_records_and_drops_checkpoints(tmp_path, capsys):
     summary = json.loads((dest / "summary.json").read_text())
     assert {(r["recipe"], r["steps"]) for r in summary["runs"]} == {("bf16", 3), ("triage_bf16", 3)}
     assert (dest / "table.md").read_text().startswith("# Study `smoke`")
+    assert json.loads((dest / "study.json").read_text()) == {"name": "smoke"}
 
 
 def test_unknown_study_names_the_choices(tmp_path, capsys):
