@@ -445,7 +445,9 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
     eval_status = _run_all(ev_jobs, cfg.parallel, say)
     summary = summarize(cfg, steps)
     summary["failed"] = sorted(n for n, rc in {**train_status, **eval_status}.items() if rc not in (0, None))
-    summary["stopped"] = sorted(n for n, rc in train_status.items() if rc is None)
+    # a run the time limit reached after its last step (saving it, or in its last eval) is complete, not stopped
+    complete = {f"{r['recipe']}/seed{r['seed']}" for r in summary["runs"] if r["complete"]}
+    summary["stopped"] = sorted(n for n, rc in train_status.items() if rc is None and n not in complete)
     write_outputs(cfg, summary)
     return summary
 

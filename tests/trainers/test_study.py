@@ -175,6 +175,26 @@ def test_time_limit_stops_training_without_failing(tmp_path):
     assert [r["complete"] for r in s["runs"]] == [False, False] and not any(m.startswith("start") for m in said)
 
 
+def test_a_run_the_time_limit_reaches_after_its_last_step_is_not_reported_stopped(tmp_path, monkeypatch):
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16]\nseeds: [0, 1]\n"
+                                      "eval: null\ntrain: {trainer.max_steps: 2}\n"))
+
+    def fake_run_all(jobs, parallel, say, stop_at=None):  # both runs stopped; seed 0 had logged its last step
+        if not jobs or not jobs[0][0].startswith("bf16/"):
+            return {}
+        for step_count, seed in ((2, 0), (1, 1)):
+            run = cfg.run_dir("bf16", seed)
+            run.mkdir(parents=True)
+            rows = [{"step": k, "reward/mean": 0.5} for k in range(1, step_count + 1)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {name: None for name, _, _ in jobs}
+
+    monkeypatch.setattr(study, "_run_all", fake_run_all)
+    s = study.run_study(cfg, say=lambda m: None, train_seconds=1)
+    assert [(r["seed"], r["complete"]) for r in s["runs"]] == [(0, True), (1, False)]
+    assert s["stopped"] == ["bf16/seed1"] and s["failed"] == []
+
+
 def test_eval_every_makes_every_run_evaluate_itself_with_the_studys_eval(tmp_path):
     """eval.every: each run gets the study's held-out eval as its trainer's eval.* keys (the same settings as the
     untrained model's `eval run`), and train.eval.* is refused so that no run evaluates differently."""
