@@ -70,7 +70,7 @@ class Packed:
         from minite_kernels.modules.fast_lane import call_ok, dequantized_linear
 
         x2d = x.reshape(-1, x.shape[-1])
-        if not call_ok(x2d, self.weight):
+        if not call_ok(self.lane, x2d, self.weight):
             return None
         y, _ = dequantized_linear(self.lane, x2d, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -20,7 +20,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainers.study import load_study, max_steps, read_metrics, summarize, write_outputs  # noqa: E402
+from trainers.study import load_study, max_steps, read_metrics, summarize, write_outputs
 
 RUN_FILES = ("config.yaml", "metrics.jsonl")
 EVAL_FILES = ("results.json", "results.md")

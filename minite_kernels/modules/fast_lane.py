@@ -1,6 +1,8 @@
 """The learner's fast lane: a dense quantized linear with a W4A4 forward and a BF16 backward on the forward's
 dequantized operands (``nvfp4_per_token_bf16_bwd`` on the Triton backend), with as little host work as the math
 needs (issue #6: the Qwen3-1.7B training step was host-bound, the GPU kernels only 1.2% slower than BF16's).
+The dense autograd function (``functional._DenseQLinear``) runs it for the calls :func:`call_ok` accepts;
+the sampler's packed projections (``rollout/packed.py``) use its forward.
 
 For one dense layer (report §4.3 with ``backward_operands="dequantized_forward"`` and BF16 dgrad/wgrad specs)::
 
@@ -9,17 +11,19 @@ For one dense layer (report §4.3 with ``backward_operands="dequantized_forward"
     Y  = X̂ Ŵᵀ (+ b)       dX = dY Ŵ       dW = dYᵀ X̂       db = Σ_rows dY
 
 These are the generic path's operations for this recipe (``functional._forward_dense`` / ``_backward_dense``
-with ``MINITE_TRITON_GEMM=dequant`` and ``MINITE_SAVE_ACTIVATIONS=dequantized``): the same kernel, the same
+with the options ``gemm="dequant"`` and ``save_activations="dequantized"``): the same kernel, the same
 operands, the same ``torch.mm`` calls, so outputs and gradients are bit-identical (``tests/.../
 test_fast_lane.py``). What it leaves out is the per-call generality: the plan (:func:`lane_ok`) checks the
-recipe and backend once; each call checks only what can change (dtype, layout, row count, three environment
-switches) and otherwise takes the generic path.
+recipe and backend once; each call checks only what can change (dtype, layout, row count, the options) and
+otherwise takes the generic path. The lane reaches its backend only through public methods (``LANE_METHODS``),
+so any backend that provides them can carry it.
 
 Worked example (BF16 values exactly representable in NVFP4): X = [[1, 2] + 14 zeros] quantizes per token to
 X̂ = X (amax 2 → every value is on the E2M1 grid times its scale), W = I₁₆ to Ŵ = W, so Y = X and, with
 dY = Y, dX = X and dW = Xᵀ X, as ``nn.Linear`` would give.
 
-``MINITE_LINEAR_LANE=off`` sends every call down the generic path (for comparisons; default ``auto``).
+The option ``lane="off"`` (``MINITE_LINEAR_LANE=off`` at import) sends every call down the generic path (for
+comparisons; default ``auto``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from minite_kernels.recipes import PrecisionRecipe
 
 LANE_MODES = FIELDS["lane"][1]
 
+#: what the lane asks of its backend, all public (``TritonBackend``): the one-launch per-token quantizer with its
+#: BF16 copy, the per-call device/routing check, and the memoized BF16 dequantized weight
+LANE_METHODS = ("quantize_token_deq", "lane_accepts", "dequantized")
+
 
 def lane_mode() -> str:
     """``options().lane``: ``auto`` (default: eligible calls take the lane) or ``off``."""
@@ -43,39 +51,13 @@ def lane_mode() -> str:
 MAX_K = 16384
 
 
-_BOUND: dict = {}
-
-
-def _bind() -> None:
-    """Resolve the Triton-side names once (the module imports without Triton; the lane needs it)."""
-    if _BOUND:
-        return
-    from minite_kernels.backends.triton._common import kernel_device_ok
-    from minite_kernels.backends.triton.backend import (
-        DECODE_MAX_ROWS,
-        _dequant_operand,
-        decode_mode,
-        gemm_mode,
-    )
-    from minite_kernels.modules.functional import save_mode
-
-    _BOUND.update(
-        kernel_device_ok=kernel_device_ok,
-        decode_max_rows=DECODE_MAX_ROWS,
-        dequant_operand=_dequant_operand,
-        decode_mode=decode_mode,
-        gemm_mode=gemm_mode,
-        save_mode=save_mode,
-    )
-
-
 def lane_ok(
     recipe: PrecisionRecipe, quantizer: Backend, fprop_backend: Backend, dgrad_backend, wgrad_backend
 ) -> bool:
     """Whether a plan's dense calls may take the lane: decided once per (recipe, backend)."""
     a, b = recipe.fprop.a, recipe.fprop.b
-    ok = (
-        hasattr(quantizer, "quantize_token_deq")
+    return (
+        all(hasattr(quantizer, name) for name in LANE_METHODS)
         and fprop_backend is quantizer
         and a.format == "nvfp4"
         and a.scaling == "per_token"
@@ -88,16 +70,14 @@ def lane_ok(
         and dgrad_backend is None
         and wgrad_backend is None
     )
-    if ok:
-        _bind()
-    return ok
 
 
-def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Per-call conditions (cheap first): a BF16 contiguous input at an even offset and a BF16 weight on a
-    kernel device, K within the kernel's limit, the switches at the values the lane reproduces."""
+def call_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Per-call conditions (cheap first): a BF16 contiguous input at an even offset and a BF16 weight, K within
+    the kernel's limit, the options at the values the lane reproduces, and the backend's own check (device,
+    GEMM formulation, decode routing)."""
     m, k = x2d.shape
-    b = _BOUND
+    opts = options()
     return (
         x2d.dtype is torch.bfloat16
         and weight.dtype is torch.bfloat16
@@ -106,11 +86,9 @@ def call_ok(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
         and m > 0
         and x2d.is_contiguous()
         and x2d.storage_offset() % 2 == 0
-        and b["kernel_device_ok"](x2d)
-        and lane_mode() == "auto"
-        and b["gemm_mode"]() == "dequant"
-        and b["save_mode"]() == "dequantized"
-        and (m > b["decode_max_rows"] or b["decode_mode"]() == "off")
+        and opts.lane == "auto"
+        and opts.save_activations == "dequantized"
+        and lane[2].lane_accepts(x2d)
     )
 
 
@@ -120,7 +98,7 @@ def lane_weight(lane: tuple, cache: WeightCache, weight: torch.Tensor) -> torch.
     (``set_quantized_weight``) is dequantized once and memoized on its cached object, to the same values (the
     Triton dequantizer is bit-equal to the reference), so no per-step copy is held."""
     recipe, backend, _ = lane
-    return _BOUND["dequant_operand"](fprop_weight(recipe, backend, cache, weight, weight, 0))
+    return backend.dequantized(fprop_weight(recipe, backend, cache, weight, weight, 0))
 
 
 def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias) -> tuple:
@@ -135,37 +113,17 @@ def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias
     return y, qx.deq
 
 
-def _forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
+def lane_forward(lane: tuple, cache: WeightCache, x2d, weight, bias):
     """(Y, X̂, Ŵ): the forward's BF16 operands, which the backward reuses."""
     w_hat = lane_weight(lane, cache, weight)
     y, x_hat = dequantized_linear(lane, x2d, w_hat, bias)
     return y, x_hat, w_hat
 
 
-class _LaneFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2d, weight, bias, lane, cache):  # type: ignore[override]
-        y, x_hat, w_hat = _forward(lane, cache, x2d, weight, bias)
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x_hat, w_hat)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        x_hat, w_hat = ctx.saved_tensors
-        dy = dy if dy.is_contiguous() else dy.contiguous()
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dx = torch.mm(dy, w_hat) if need_dx else None
-        dw = torch.mm(dy.t(), x_hat) if need_dw else None
-        db = dy.sum(dim=0) if ctx.has_bias and need_db else None
-        return dx, dw, db, None, None
-
-
-def lane_linear(
-    lane: tuple, cache: WeightCache, x2d: torch.Tensor, weight: torch.Tensor, bias, needs_grad: bool
-) -> torch.Tensor:
-    """``Y = X̂ Ŵᵀ (+ b)`` with the lane's backward when ``needs_grad``; ``lane`` is the plan's
-    ``(recipe, backend, activation quantizer)`` and the caller checked :func:`call_ok`."""
-    if needs_grad:
-        return _LaneFunction.apply(x2d, weight, bias, lane, cache)
-    return _forward(lane, cache, x2d, weight, bias)[0]
+def lane_backward(dy: torch.Tensor, x_hat: torch.Tensor, w_hat: torch.Tensor, need_dx: bool, need_dw: bool,
+                  need_db: bool) -> tuple:
+    """(dX, dW, db) = (dY Ŵ, dYᵀ X̂, Σ_rows dY), each None where not needed; ``dy`` contiguous."""
+    dx = torch.mm(dy, w_hat) if need_dx else None
+    dw = torch.mm(dy.t(), x_hat) if need_dw else None
+    db = dy.sum(dim=0) if need_db else None
+    return dx, dw, db

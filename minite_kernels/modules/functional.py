@@ -1,4 +1,4 @@
-"""The quantized linear autograd function shared by Linear, LayerNormLinear and GroupedLinear.
+"""The quantized linear's two autograd functions: dense (Linear, LayerNormLinear) and grouped (GroupedLinear).
 
 Report §4.3: fprop, dgrad and wgrad each follow their own GEMM spec of the recipe. For one group
 (a dense layer is one group; an MoE layer has one group per expert, rows sorted by expert)::
@@ -26,9 +26,12 @@ in-place update bumps ``_version``): that is the "weight sync" re-quantization.
 
 Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
 module and remembered next to its weight cache (:class:`_Plan`: which backend quantizes X and runs each
-GEMM, which GEMMs are plain BF16 matmuls); a dense layer (one group) takes a path without per-group
-slicing, and BF16 backward GEMMs are direct ``torch.mm`` calls on the same operand layouts the backend's
-BF16 path uses (identical results). Nothing here reads a device value on the host (no synchronization).
+GEMM, which GEMMs are plain BF16 matmuls, whether the fast lane applies). A dense layer (one group) takes
+:class:`_DenseQLinear`, without per-group slicing; BF16 backward GEMMs are direct ``torch.mm`` calls on the
+same operand layouts the backend's BF16 path uses (identical results). Its calls that the fast lane accepts
+(``fast_lane.py``: the report's recipe on the Triton backend) run the same math with the least host work.
+Grouped layers, and a dense call with no rows, take :class:`_GroupedQLinear`. Nothing here reads a device
+value on the host (no synchronization).
 
 Saved activations (``dequantized_forward``): the BF16 dequantized copy the Triton backend already wrote in
 the forward (as many bytes as ``nn.Linear`` saves), or with ``MINITE_SAVE_ACTIVATIONS=packed`` the quantized
@@ -45,7 +48,7 @@ from typing import Any
 import torch
 
 from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
-from minite_kernels.modules.fast_lane import call_ok, lane_linear, lane_ok
+from minite_kernels.modules.fast_lane import call_ok, lane_backward, lane_forward, lane_ok
 from minite_kernels.modules.weight_cache import WeightCache, _Memo, fprop_weight
 from minite_kernels.modules.weight_cache import quantize_operand as _quantize
 from minite_kernels.options import FIELDS, options
@@ -234,10 +237,8 @@ def _forward_dense(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor,
     return y, [qx]
 
 
-def _forward(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+def _forward_groups(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """Y for all groups; returns (y, per-group quantized X or None)."""
-    if not state.grouped and state.plan is not None and x2d.shape[0] > 0:
-        return _forward_dense(state, x2d, weight, bias)
     r = state.recipe
     n = weight.shape[-2]
     out_dtype = x2d.dtype
@@ -277,33 +278,73 @@ def save_mode() -> str:
     return options().save_activations
 
 
-class _QLinearFunction(torch.autograd.Function):
+def _save_inputs(ctx, state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, qxs: list) -> None:
+    """What the backward needs of the inputs: the weight, and X (or, under ``dequantized_forward``, each
+    group's quantized X as :func:`save_mode` says: its BF16 dequantized copy or its packed bytes)."""
+    r = state.recipe
+    ctx.state = state
+    ctx.x_dtype = x2d.dtype
+    if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
+        keep_deq = x2d.dtype == torch.bfloat16 and save_mode() == "dequantized"
+        tensors, rebuilders, counts = [], [], []
+        for q in qxs:
+            if q is None:
+                rebuilders.append(None)
+                counts.append(0)
+                continue
+            deq = getattr(q, "deq", None) if keep_deq else None
+            ts, rb = ([deq], _first) if deq is not None else _pack(q)
+            tensors.extend(ts)
+            rebuilders.append(rb)
+            counts.append(len(ts))
+        ctx.rebuilders, ctx.counts = rebuilders, counts
+        ctx.save_for_backward(weight, *tensors)
+        ctx.saved_x = False
+    else:
+        ctx.save_for_backward(weight, x2d)
+        ctx.saved_x = True
+
+
+class _DenseQLinear(torch.autograd.Function):
+    """One dense layer, at least one row. ``lane``: the call takes the fast lane (``fast_lane.call_ok``
+    accepted it): X̂ and Ŵ are saved and the backward is two BF16 matmuls; otherwise the planned path
+    (:func:`_forward_dense`, :func:`_backward_dense`). Both give the same bits for the lane's recipe."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, plan: _Plan, cache: WeightCache, generator, lane: bool):  # type: ignore
+        ctx.has_bias = bias is not None
+        ctx.lane = lane
+        if lane:
+            y, x_hat, w_hat = lane_forward(plan.lane, cache, x2d, weight, bias)
+            ctx.save_for_backward(x_hat, w_hat)
+            return y
+        state = QLinearState(plan.recipe, plan.backend, cache, generator, (x2d.shape[0],), False, plan=plan)
+        y, qxs = _forward_dense(state, x2d, weight, bias)
+        _save_inputs(ctx, state, x2d, weight, qxs)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy2d):  # type: ignore[override]
+        dy2d = dy2d if dy2d.is_contiguous() else dy2d.contiguous()
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if ctx.lane:
+            x_hat, w_hat = ctx.saved_tensors
+            dx, dw, db = lane_backward(dy2d, x_hat, w_hat, need_dx, need_dw, ctx.has_bias and need_db)
+        else:
+            weight, *rest = ctx.saved_tensors
+            dx, dw, db, _ = _backward_dense(ctx, ctx.state, dy2d, weight, rest, need_dx, need_dw)
+        return dx, dw, db, None, None, None, None
+
+
+class _GroupedQLinear(torch.autograd.Function):
+    """Grouped layers (one group per expert, rows sorted by group, zero rows allowed), and a dense call with
+    no rows: the recipe's GEMMs group by group."""
+
     @staticmethod
     def forward(ctx, x2d, weight, bias, state: QLinearState):  # type: ignore[override]
-        y, qxs = _forward(state, x2d, weight, bias)
-        r = state.recipe
-        ctx.state = state
+        y, qxs = _forward_groups(state, x2d, weight, bias)
         ctx.has_bias = bias is not None
-        ctx.x_dtype = x2d.dtype
-        if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
-            keep_deq = x2d.dtype == torch.bfloat16 and save_mode() == "dequantized"
-            tensors, rebuilders, counts = [], [], []
-            for q in qxs:
-                if q is None:
-                    rebuilders.append(None)
-                    counts.append(0)
-                    continue
-                deq = getattr(q, "deq", None) if keep_deq else None
-                ts, rb = ([deq], _first) if deq is not None else _pack(q)
-                tensors.extend(ts)
-                rebuilders.append(rb)
-                counts.append(len(ts))
-            ctx.rebuilders, ctx.counts = rebuilders, counts
-            ctx.save_for_backward(weight, *tensors)
-            ctx.saved_x = False
-        else:
-            ctx.save_for_backward(weight, x2d)
-            ctx.saved_x = True
+        _save_inputs(ctx, state, x2d, weight, qxs)
         return y
 
     @staticmethod
@@ -314,9 +355,6 @@ class _QLinearFunction(torch.autograd.Function):
         weight, *rest = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dy2d = dy2d if dy2d.is_contiguous() else dy2d.contiguous()
-        if not state.grouped and state.plan is not None and state.splits[0] > 0:
-            return _backward_dense(ctx, state, dy2d, weight, rest, need_dx, need_dw)
-
         if ctx.saved_x:
             x2d = rest[0]
             xs = []
@@ -475,12 +513,19 @@ def qlinear(
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
-    if plan.lane is not None and not grouped and call_ok(x2d, weight):
-        y = lane_linear(plan.lane, cache, x2d, weight, bias, needs_grad)
-        return y if flat else y.reshape(*x.shape[:-1], weight.shape[-2])
-    state = QLinearState(recipe, backend, cache, generator, splits, grouped, plan=plan)
-    if needs_grad:
-        y = _QLinearFunction.apply(x2d, weight, bias, state)
+    if not grouped and x2d.shape[0] > 0:
+        lane = plan.lane is not None and call_ok(plan.lane, x2d, weight)
+        if needs_grad:
+            y = _DenseQLinear.apply(x2d, weight, bias, plan, cache, generator, lane)
+        elif lane:
+            y = lane_forward(plan.lane, cache, x2d, weight, bias)[0]
+        else:
+            state = QLinearState(recipe, backend, cache, generator, splits, False, plan=plan)
+            y = _forward_dense(state, x2d, weight, bias)[0]
     else:
-        y, _ = _forward(state, x2d, weight, bias)
+        state = QLinearState(recipe, backend, cache, generator, splits, grouped, plan=plan)
+        if needs_grad:
+            y = _GroupedQLinear.apply(x2d, weight, bias, state)
+        else:
+            y = _forward_groups(state, x2d, weight, bias)[0]
     return y if flat else y.reshape(*x.shape[:-1], weight.shape[-2])

@@ -263,6 +263,22 @@ class TritonBackend(Backend):
         self._last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
         return q
 
+    # --- the learner's fast lane (modules/fast_lane.py): what it needs of a backend, by public name -------------
+    def lane_accepts(self, x2d: torch.Tensor) -> bool:
+        """Whether a dense call on ``x2d`` (BF16, contiguous, checked by the lane) may take the fast lane here:
+        the kernels run on its device, the GEMM formulation is ``dequant``, and it is not a decode-sized call
+        that the packed pair kernel takes (at most ``DECODE_MAX_ROWS`` rows with decode routing on)."""
+        return (
+            kernel_device_ok(x2d)
+            and gemm_mode() == "dequant"
+            and (x2d.shape[0] > DECODE_MAX_ROWS or decode_mode() == "off")
+        )
+
+    def dequantized(self, q: QuantizedOperand) -> torch.Tensor:
+        """The BF16 dequantized operand the ``dequant`` GEMM reads, memoized on a Triton operand (the values
+        :func:`dequantize_operand` gives: the Triton dequantizer is bit-equal to the reference)."""
+        return _dequant_operand(q)
+
     def quantize_token_deq(self, x2d: torch.Tensor, spec: OperandSpec) -> TritonNVFP4Tensor:
         """``quantize(x2d, spec)`` on the learner's fast lane (``modules/fast_lane.py``), whose plan guarantees
         what the generic path checks per call: a per-token round-to-nearest NVFP4 ``spec`` without RHT, a
