@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_kernels.backends.triton.quantize import _encode_scale
+from minite_kernels.backends.triton.nvfp4_jit import _encode_scale
 from minite_kernels.backends.triton.quantize_bf16 import (
     PACK_K,
     _add,

@@ -70,7 +70,7 @@ if _IN_INTERPRETER:
     import triton
     import triton.language as tl
 
-    from minite_kernels.backends.triton.quantize import _e2m1_code_rn
+    from minite_kernels.backends.triton.nvfp4_jit import _e2m1_code_rn
 
     @triton.jit
     def _code_kernel(a_ptr, c_ptr, n, BLOCK: tl.constexpr):

@@ -3,10 +3,13 @@
 Importing this package imports triton; the backend factory (``minite_kernels.backends.get_backend``) imports
 it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
+- ``nvfp4_jit``    the NVFP4 encoding as device functions (scale, E4M3, E2M1 codes, decode factor), used by
+                   every kernel that writes or reads NVFP4 bytes
 - ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize
+- ``quantize_bf16`` its BF16 fast path (words of two BF16 values) and the grouped weight kernels
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
 - ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
-                   GEMMs of <= 16 activation rows to it: the sampler's decode steps)
+                   GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps)
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`

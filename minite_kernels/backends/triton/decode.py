@@ -60,16 +60,8 @@ import triton
 import triton.language as tl
 
 from ._common import INV_2688_SQ, interpret_mode, pdl_capable, pdl_enabled
-from .quantize import (
-    FLT_MAX,
-    SIXTH,
-    QuantOut,
-    _e2m1_code_rn,
-    _e2m1_value,
-    _e4m3_rne,
-    _encode_scale,
-    _num_sms,
-)
+from .nvfp4_jit import FLT_MAX, SIXTH, _e2m1_code_rn, _e2m1_value, _e4m3_rne, _encode_scale
+from .quantize import QuantOut, _num_sms
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
 

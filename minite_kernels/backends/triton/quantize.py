@@ -14,6 +14,7 @@ notes §1.2, every step fp32 round-to-nearest (divisions use ``div_rn``, not Tri
 ``qs`` is the operand an emulated NVFP4 GEMM feeds to BF16 tensor cores; the outer ``amax/2688`` factors
 go to the GEMM epilogue (notes §1.4, §2).
 
+The encoding's device functions live in ``nvfp4_jit.py``, shared with the BF16 and decode kernels.
 E4M3 rounding is done in integer/fp32 arithmetic (no fp8 cast): for ``p`` in [0, 448], the quantum is
 ``2^(max(e, -6) - 3)`` with ``e = floor(log2 p)``; ``rint(p / quantum)`` uses the ``(t + 2^23) - 2^23``
 round-to-nearest-even trick (exact for ``t < 2^22``). Example: ``p = 282.24`` -> ``e = 8``, quantum 32,
@@ -40,86 +41,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import DECODE_FACTOR_MAX as _DECODE_FACTOR_MAX
-from ._common import FLT_MAX as _FLT_MAX
-from ._common import INV_2688 as _INV_2688
-from ._common import SIXTH as _SIXTH
-from ._common import TE_ORDER_AMAX_MAX as _TE_ORDER_AMAX_MAX
 from ._common import interpret_mode
 from .launcher import CachedLauncher
-
-FLT_MAX = tl.constexpr(_FLT_MAX)
-SIXTH = tl.constexpr(_SIXTH)
-INV_2688 = tl.constexpr(_INV_2688)
-TE_ORDER_AMAX_MAX = tl.constexpr(_TE_ORDER_AMAX_MAX)
-DECODE_FACTOR_MAX = tl.constexpr(_DECODE_FACTOR_MAX)
-
-
-# ------------------------------------------------------------------------------------------------------
-# element-wise building blocks (inlined into the kernels)
-# ------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _decode_factor(s_b, amax):
-    """Per-block decode factor, as ``formats.nvfp4.dequant_factor``: TE's order
-    ``fp32(fp32(s_b * amax) * fl(1/2688))`` up to TE_ORDER_AMAX_MAX, above it
-    ``min(s_b * fp32(amax * fl(1/2688)), DECODE_FACTOR_MAX)``, which cannot overflow."""
-    safe = tl.minimum(s_b * (amax * INV_2688), DECODE_FACTOR_MAX)
-    return tl.where(amax > TE_ORDER_AMAX_MAX, safe, (s_b * amax) * INV_2688)
-@triton.jit
-def _encode_scale(amax):
-    """S_enc = min(2688/amax, FLT_MAX), 1 where amax == 0 (or the quotient is 0); S_dec = 1/S_enc."""
-    s_enc = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax), FLT_MAX)
-    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
-    return s_enc, s_dec
-
-
-@triton.jit
-def _e4m3_rne(p):
-    """Round fp32 ``p`` in [0, 448] to the nearest E4M3 value (ties to even); returns (value, byte)."""
-    bits = p.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127
-    e = tl.maximum(e, -6)  # below 2^-6 the E4M3 grid is the subnormal one, quantum 2^-9
-    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    inv_quantum = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
-    t = p * inv_quantum  # exact: a power-of-two scaling, t in [0, 16]
-    r = ((t + 8388608.0) - 8388608.0) * quantum  # rint(t) with ties to even, then exact rescale
-    rb = r.to(tl.int32, bitcast=True)
-    normal = ((((rb >> 23) & 0xFF) - 120) << 3) | ((rb >> 20) & 7)  # (e + 7) << 3 | 3 mantissa bits
-    sub = (r * 512.0).to(tl.int32)  # r = k * 2^-9, k in 0..7
-    byte = tl.where(r >= 0.015625, normal, sub)
-    return r, byte
-
-
-@triton.jit
-def _e2m1_code_rn(a):
-    """E2M1 code (0..7) of a = |v| >= 0 (any size: saturates to 7), round to nearest even (TE's tie table).
-
-    a >= 1: round the fp32 bit pattern to one mantissa bit (RNE: add 0x1FFFFF + the kept bit, truncate);
-    then ``bits >> 22 = 2 * (e + 127) + m`` and the code is ``2 + 2e + m = (bits >> 22) - 252``, capped at 7.
-    a < 1: the grid is 0, 0.5, 1, i.e. ``code = rint(2a)``, done as ``bits(2a + 1.5 * 2^23) - 0x4B400000``.
-    Same result as counting the thresholds .25 < a, .75 <= a, 1.25 < a, 1.75 <= a, 2.5 < a, 3.5 <= a, 5 < a
-    (the interpreter tests check ties and their neighbours), in about 10 instructions instead of 14.
-    """
-    u = a.to(tl.int32, bitcast=True)
-    r = u + 0x1FFFFF + ((u >> 22) & 1)
-    hi = tl.minimum((r >> 22) - 252, 7)
-    lo = (a * 2.0 + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
-    return tl.where(u >= 0x3F800000, hi, lo)
-
-
-@triton.jit
-def _e2m1_value(c):
-    """Magnitude of E2M1 code c in 0..7: 0, .5, 1, 1.5, 2, 3, 4, 6."""
-    cf = c.to(tl.float32)
-    return tl.where(c < 4, cf * 0.5, tl.where(c < 6, cf - 2.0, cf * 2.0 - 8.0))
-
-
-@triton.jit
-def _sr_step(a):
-    return tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+from .nvfp4_jit import (
+    FLT_MAX,
+    SIXTH,
+    _decode_factor,
+    _e2m1_code_rn,
+    _e2m1_value,
+    _e4m3_decode,
+    _e4m3_rne,
+    _encode_scale,
+    _sr_step,
+)
+from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16, _quant_token_kernel_bf16
 
 
 @triton.jit
@@ -421,18 +356,6 @@ def _dequantize_kernel(
     )
 
 
-@triton.jit
-def _e4m3_decode(byte):
-    """fp32 value of an E4M3 byte (int32 0..255); 0x7F/0xFF decode to NaN."""
-    e = (byte >> 3) & 15
-    m = byte & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    sub = m.to(tl.float32) * 0.001953125
-    v = tl.where(e == 0, sub, normal)
-    v = tl.where((byte & 0x7F) == 0x7F, float("nan"), v)
-    return tl.where((byte & 0x80) != 0, -v, v)
-
-
 # ------------------------------------------------------------------------------------------------------
 # launchers
 # ------------------------------------------------------------------------------------------------------
@@ -552,8 +475,6 @@ def _token_geometry(
 @functools.cache
 def _launchers() -> tuple[CachedLauncher, CachedLauncher, CachedLauncher]:
     """(per-token, amax, per-tensor) launchers of the BF16 kernels (``launcher.py``)."""
-    from .quantize_bf16 import _amax_kernel_bf16, _quant_tensor_kernel_bf16, _quant_token_kernel_bf16
-
     return (
         CachedLauncher(_quant_token_kernel_bf16),
         CachedLauncher(_amax_kernel_bf16),

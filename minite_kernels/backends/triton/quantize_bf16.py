@@ -38,7 +38,7 @@ reduced twice, the plain formulation, reaches about a third of copy bandwidth pe
   base addresses, shapes and tile offsets, instead of two launches per weight.
 
 Optional outputs besides ``data``/``scales``/``amax``: ``qs = e2m1 * s_b`` (exact in BF16; the operand of the
-exact GEMM) and ``deq`` = the dequantized value ``e2m1 * decode factor`` (``quantize._decode_factor``) rounded
+exact GEMM) and ``deq`` = the dequantized value ``e2m1 * decode factor`` (``nvfp4_jit._decode_factor``) rounded
 to BF16, bit-equal to ``NVFP4Tensor.dequantize(torch.bfloat16)``.
 
 Example: the word ``0x3F804000`` holds 2.0 (low, ``0x4000``) and 1.0 (high, ``0x3F80``); with amax 2688 and a
@@ -53,7 +53,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quantize import FLT_MAX, SIXTH, _decode_factor, _e4m3_rne, _encode_scale, _sr_step
+from .nvfp4_jit import FLT_MAX, SIXTH, _decode_factor, _e4m3_rne, _encode_scale, _sr_step
 
 
 @triton.jit
