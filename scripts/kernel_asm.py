@@ -1,7 +1,7 @@
 """What the decode kernels compile to, without a GPU (profiling aid for issue #6: why a kernel is slower than
 its memory traffic allows).
 
-Compiles ``decode._decode_linear_kernel`` (the first formulation) and ``decode._decode_pairs_kernel`` (the
+Compiles ``decode_kernels._decode_linear_kernel`` (the first formulation) and ``decode_kernels._decode_pairs_kernel`` (the
 fp16x2 pair kernel the backend runs) for sm_90 with Triton's bundled compiler (no device needed) and prints
 one JSON line per configuration:
 - the number of ``ttg.convert_layout`` / ``ttg.local_alloc`` ops inside the main loop of the Triton GPU IR
@@ -127,7 +127,7 @@ def main() -> int:
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability to compile for (90: Hopper)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    from minite_kernels.backends.triton import decode as dec
+    from minite_kernels.backends.triton import decode_kernels as dec
 
     for bb, bn, bkw, warps, perm, use_dot, one_dot in CONFIGS:
         const = {

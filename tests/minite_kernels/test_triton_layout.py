@@ -114,7 +114,7 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages, prefetch):
     session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
     (inline PTX) must reach the compiled code, the pipelined configuration must use asynchronous copies and
     the register double buffer (the other launch defaults) none."""
-    from minite_kernels.backends.triton import decode as D
+    from minite_kernels.backends.triton import decode_kernels as D
 
     asm = compile_offline(
         D._decode_pairs_kernel,
@@ -195,7 +195,7 @@ def test_pair_decode_reads_only_weights_before_the_wait():
     """With ``PDL`` and the register double buffer the first weight tile is loaded before
     ``griddepcontrol.wait`` (the weights are not written by the kernel it waits for); every load before the
     wait must take its address from the weight or scale pointer alone, never from the activations."""
-    from minite_kernels.backends.triton import decode as D
+    from minite_kernels.backends.triton import decode_kernels as D
 
     cx = {
         "BLOCK_N": 4,
@@ -227,7 +227,7 @@ def test_pair_decode_waits_before_reading(split, bn, stages):
     ``griddepcontrol.wait`` it may only prefetch its weights into L2 (one bulk prefetch for the weight bytes
     and one for the scales per contiguous range: 2 with one split, 2 per row with split-K); every load comes
     after the wait. Without ``PDL`` no grid dependency control is compiled at all."""
-    from minite_kernels.backends.triton import decode as D
+    from minite_kernels.backends.triton import decode_kernels as D
 
     cx = {"BLOCK_N": bn, "BLOCK_KB": 32, "BLOCK_B": 1, "SPLIT": split, "INTERP": False, "STAGES": stages}
     ptx = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=True))["ptx"]
@@ -241,7 +241,7 @@ def test_pair_decode_waits_before_reading(split, bn, stages):
 
 def test_pair_quantizer_waits_before_reading():
     """The activation quantizer lets its dependent launch at once and reads ``x`` only after the wait."""
-    from minite_kernels.backends.triton import decode as D
+    from minite_kernels.backends.triton import decode_kernels as D
 
     ptx = compile_offline(D._pairs_act_quant_kernel, _PAIR_QUANT_TYPES, {"NB": 256, "CH": 32, "PDL": True})[
         "ptx"

@@ -9,7 +9,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 - ``quantize_bf16`` its BF16 fast path (words of two BF16 values) and the grouped weight kernels
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
 - ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
-                   GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps)
+                   GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps): the
+                   launchers; ``decode_kernels`` holds the kernels and their math
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`

@@ -27,17 +27,17 @@ _DECODE_COMMON_TYPES = {
     "N": "i32",
     "K": "i32",
 }
-#: argument types of ``decode._decode_linear_kernel`` (the first decode formulation), with the activations as
+#: argument types of ``decode_kernels._decode_linear_kernel`` (the first decode formulation), with the activations as
 #: ``quantize_for_decode`` writes them (fp16 ``qs``)
 DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON_TYPES}
-#: argument types of ``decode._decode_pairs_kernel`` (the pair decode kernel)
+#: argument types of ``decode_kernels._decode_pairs_kernel`` (the pair decode kernel)
 DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
 
 
 def pair_constexprs(
     block_n: int, block_kb: int, block_b: int, *, stages: int = 1, prefetch: bool = False, split: int = 1
 ) -> dict:
-    """The constexprs of ``decode._decode_pairs_kernel`` for one launch configuration, compiled (not
+    """The constexprs of ``decode_kernels._decode_pairs_kernel`` for one launch configuration, compiled (not
     interpreted)."""
     return {
         "BLOCK_N": block_n,
