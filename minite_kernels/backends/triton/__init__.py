@@ -5,7 +5,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
 - ``nvfp4_jit``    the NVFP4 encoding as device functions (scale, E4M3, E2M1 codes, decode factor), used by
                    every kernel that writes or reads NVFP4 bytes
-- ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize
+- ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize: the
+                   launchers; ``quantize_kernels`` holds the generic kernels and their math
 - ``quantize_bf16`` its BF16 fast path (words of two BF16 values) and the grouped weight kernels
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
 - ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
@@ -13,7 +14,12 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
                    launchers; ``decode_kernels`` holds the kernels and their math
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
+- ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
+- ``batch_invariant`` strict alignment's kernels: a row's bits do not depend on the batch around it
 - ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`
+
+Host plumbing: ``launcher`` (a cached launcher for the hot kernels), ``offline`` (compile for a GPU that is
+not here and read the IR), ``_common`` (availability, interpreter detection, constants).
 """
 
 from __future__ import annotations

@@ -642,7 +642,7 @@ def _decode_act_quant_kernel(
     NB: tl.constexpr,
 ):
     """One activation row per program, held whole in registers as [NB, 16] blocks: per-token NVFP4
-    quantization with the quantizer's arithmetic (``quantize.py``), writing the packed bytes, scales, amax
+    quantization with the quantizer's arithmetic (``nvfp4_jit.py``), writing the packed bytes, scales, amax
     and nonfinite flag exactly as ``quantize_nvfp4_triton`` does, plus ``qs`` in the decode kernel's
     plane-major layout (``qs_perm[r, k % 8, k // 8] = qs[r, k]``)."""
     r = tl.program_id(0)

@@ -1,5 +1,5 @@
 """The NVFP4 encoding as Triton device functions, shared by every kernel that writes or reads NVFP4 bytes
-(``quantize.py``, ``quantize_bf16.py``, ``decode_kernels.py``): one place for the arithmetic of
+(``quantize_kernels.py``, ``quantize_bf16.py``, ``decode_kernels.py``): one place for the arithmetic of
 ``minite_kernels.formats.nvfp4``, inlined at each call site. Notes §1.2; every step fp32 round-to-nearest::
 
     S_enc = min(2688 / amax, FLT_MAX), 1 if amax == 0;   S_dec = 1 / S_enc           _encode_scale
