@@ -97,8 +97,8 @@ def lane_weight(lane: tuple, cache: WeightCache, weight: torch.Tensor) -> torch.
     tensor the generic backward's ``dequantize_operand`` returns; a weight quantized elsewhere
     (``set_quantized_weight``) is dequantized once and memoized on its cached object, to the same values (the
     Triton dequantizer is bit-equal to the reference), so no per-step copy is held."""
-    recipe, backend, _ = lane
-    return backend.dequantized(fprop_weight(recipe, backend, cache, weight, weight, 0))
+    recipe, backend, quantizer = lane  # backend: the module's (``auto`` routes); quantizer: the routed one
+    return quantizer.dequantized(fprop_weight(recipe, backend, cache, weight, weight, 0))
 
 
 def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias) -> tuple:

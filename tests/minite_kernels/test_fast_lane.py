@@ -155,6 +155,24 @@ def _ineligible_calls_take_the_generic_path(device, minite_options):
     assert node == "_DenseQLinearBackward"
 
 
+def _lane_under_auto_routing(device, minite_options):
+    """A module whose backend is ``auto`` (the default) takes the lane through the backend ``auto`` routes to,
+    with the same bits as the Triton backend given directly."""
+    from minite_kernels.backends import AutoBackend
+    from minite_kernels.backends.emulated import EmulatedBackend
+    from minite_kernels.backends.triton import TritonBackend
+
+    minite_options(lane="auto")
+    auto = AutoBackend(device)
+    auto.candidates = [TritonBackend(device), EmulatedBackend(device)]  # on CPU, auto routes only to emulated
+    assert _plan_for(recipe(LANE), auto, WeightCache()).lane is not None
+    x, w, b, dy = _inputs(device)
+    node, routed = _run(x, w, b, dy, auto)
+    assert node == "lane"
+    _, direct = _run(x, w, b, dy, TritonBackend(device))
+    _assert_same(routed, direct)
+
+
 # --- CPU, no interpreter: the plan ---------------------------------------------------------------------------
 def test_plan_decides_the_lane_once_per_recipe_and_backend():
     pytest.importorskip("triton", reason="triton is not installed")
@@ -201,6 +219,11 @@ def test_interp_ineligible_calls_take_the_generic_path(minite_options):
     _ineligible_calls_take_the_generic_path("cpu", minite_options)
 
 
+@_interp_only
+def test_interp_lane_under_auto_routing(minite_options):
+    _lane_under_auto_routing("cpu", minite_options)
+
+
 # --- compiled kernels on a GPU --------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_lane_equals_generic_bitwise(monkeypatch, minite_options):
@@ -210,3 +233,4 @@ def test_gpu_lane_equals_generic_bitwise(monkeypatch, minite_options):
     _lane_equals_generic("cuda", minite_options, m=4096, k=2048, n=1024)
     _shared_input_quantized_once("cuda", monkeypatch, minite_options)
     _ineligible_calls_take_the_generic_path("cuda", minite_options)
+    _lane_under_auto_routing("cuda", minite_options)
