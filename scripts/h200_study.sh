@@ -12,11 +12,13 @@
 # scripts/device_shims provides ray.ObjectRef.
 # .whl holds cp312 wheels of what the image lacks: verl 0.9.1, tensordict 0.10.0, pyvers, omegaconf, hydra-core,
 # antlr4-python3-runtime 4.9.3 (sdist only: `pip wheel` it), math-verify, latex2sympy2_extended, gguf, codetiming,
-# dill and orjson (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`, 3 MB).
+# dill and orjson (`pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+# --platform manylinux_2_28_x86_64 --platform any ...`, 3 MB; tensordict's wheel is manylinux_2_28).
 # Everything comes back through $OUT: summary.txt, and per study NAME/ with its table, summary and study.tgz
 # (no checkpoints). STUDY=NAME runs recipes/studies/NAME.yaml (default: arithmetic) in /tmp/study_NAME;
 # STUDY="A B" runs several side by side; STUDY_FRESH=1 starts each grid from nothing but its recorded step-0
 # evals (else the runs recorded in benchmarks/learning/study_NAME seed it and only the missing ones train).
+# Afterwards `python scripts/import_study.py OUT/NAME/study.tgz NAME` records what came back.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
 export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
