@@ -4,7 +4,7 @@ and the K loop of the pair decode kernel (at the end of the file).
 Triton's coalescing pass orders the tile axes by contiguity and breaks ties by axis index. When the tiles were
 row-major ``[rows, blocks, 4 words]``, the lanes of a warp therefore went down the rows
 (``threadsPerWarp = [16, 2, 1]``): a warp's 16-byte load touched 16 cache lines for 512 useful bytes, which
-capped the weight-sync pass at 75% of copy bandwidth (benchmarks/RESULTS.md, sixth session). The tiles are now
+capped the weight-sync pass at 75% of copy bandwidth (benchmarks/RESULTS.md, issue #6). The tiles are now
 block-major ``[blocks, rows, 4]``. This test compiles the kernels for sm_90 with Triton's bundled compiler
 and checks that the 16-byte load tile puts all 32 lanes along the blocks.
 """
@@ -89,7 +89,7 @@ def test_lanes_run_along_the_blocks(kernel, types, constexprs, warps):
     )
 
 
-# --- the pair decode kernel (seventh session) -------------------------------------------------------------
+# --- the pair decode kernel ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -110,8 +110,8 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages, prefetch):
     """The K loop of the pair kernel at the launch defaults: no layout conversion inside it that moves data
     (the 4 x 128-block tiles keep one between register-equivalent layouts, which lowers to nothing). Loading each
     block's 8 activation pair words as one [blocks, 8] tile and splitting it made Triton move the tile
-    through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md seventh
-    session); the kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
+    through shared memory every iteration (4 barriers per iteration at batch 1, RESULTS.md, issue #6); the
+    kernel loads them as 8 rows of ``[B, 8, K/16]`` instead. The packed fp16x2 product
     (inline PTX) must reach the compiled code, the pipelined configuration must use asynchronous copies and
     the register double buffer (the other launch defaults) none."""
     from minite_kernels.backends.triton import decode_kernels as D
@@ -129,7 +129,7 @@ def test_pair_decode_loop_stays_in_registers(bn, bkb, bb, stages, prefetch):
     assert ("async_copy_global_to_local" in ttgir) == (stages > 1)
 
 
-# --- programmatic dependent launch on the decode path (eighth session) -------------------------------------
+# --- programmatic dependent launch on the decode path ------------------------------------------------------
 
 _PAIR_QUANT_TYPES = {
     "x_ptr": "*bf16",
