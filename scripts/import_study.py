@@ -1,16 +1,18 @@
-"""Record a study that ran elsewhere (a lent GPU): unpack its ``study.tgz`` into ``benchmarks/learning/study_NAME``
-and rebuild the table, summary and figures there.
+"""Record a study that ran elsewhere (a lent GPU): unpack its ``study.tgz`` into
+``benchmarks/learning/study_NAME`` and rebuild the table, summary and figures there.
 
-Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md``; kept per study:
-the step-0 evals and ``study.json`` (the grid's configuration as it ran). Not kept: checkpoints, logs, run metadata (host paths, timestamps). A run in the archive replaces
-the recorded one of the same arm and seed only if it reached at least as many steps, so a shorter rerun never
-overwrites a longer record.
+Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md``; kept per
+study: the step-0 evals and ``study.json`` (the grid's configuration as it ran). Not kept: checkpoints, logs,
+run metadata (host paths, timestamps). A run in the archive replaces the recorded one of the same arm and seed
+only if it reached at least as many steps, so a shorter rerun never overwrites a longer record. Paths in the
+summary are relative to the repository when the destination is inside it.
 
-    python scripts/import_study.py OUT/arithmetic/study.tgz arithmetic   # -> benchmarks/learning/study_arithmetic
+    python scripts/import_study.py OUT/arithmetic/study.tgz arithmetic
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import shutil
 import sys
@@ -31,9 +33,20 @@ def _steps(run: pathlib.Path) -> int:
     return int(max((r.get("step", 0) for r in rows), default=0))
 
 
+def _copy_results(evals: pathlib.Path, dst: pathlib.Path) -> None:
+    """Each ``evals/<name>/`` that holds a ``results.json``: its result files into ``dst/<name>/``."""
+    for res in sorted(evals.glob("*/results.json")):
+        out = dst / res.parent.name
+        out.mkdir(parents=True, exist_ok=True)
+        for f in EVAL_FILES:
+            if (res.parent / f).is_file():
+                shutil.copy2(res.parent / f, out / f)
+
+
 def import_runs(src: pathlib.Path, dst: pathlib.Path, arms: list[str], seeds: list[int]) -> list[str]:
     """Copy the kept files of every run in ``src`` that is at least as long as its record in ``dst``; returns
     one line per run saying what happened."""
+    dst.mkdir(parents=True, exist_ok=True)
     said = []
     for arm in arms:
         for seed in seeds:
@@ -50,22 +63,12 @@ def import_runs(src: pathlib.Path, dst: pathlib.Path, arms: list[str], seeds: li
             for f in RUN_FILES:
                 if (new / f).is_file():
                     shutil.copy2(new / f, old / f)
-            for res in sorted((new / "eval").glob("*/results.json")):
-                out = old / "eval" / res.parent.name
-                out.mkdir(parents=True, exist_ok=True)
-                for f in EVAL_FILES:
-                    if (res.parent / f).is_file():
-                        shutil.copy2(res.parent / f, out / f)
-            said.append(f"{arm}/seed{seed}: {n_new} steps" + (f" (the record had {n_old})" if n_old >= 0 else " (new)"))
+            _copy_results(new / "eval", old / "eval")
+            was = f" (the record had {n_old})" if n_old >= 0 else " (new)"
+            said.append(f"{arm}/seed{seed}: {n_new} steps{was}")
     if (src / "study.json").is_file():
         shutil.copy2(src / "study.json", dst / "study.json")
-    step0 = src / "step0"
-    for res in sorted(step0.glob("*/results.json")):
-        out = dst / "step0" / res.parent.name
-        out.mkdir(parents=True, exist_ok=True)
-        for f in EVAL_FILES:
-            if (res.parent / f).is_file():
-                shutil.copy2(res.parent / f, out / f)
+    _copy_results(src / "step0", dst / "step0")
     return said
 
 
@@ -80,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if not spec.is_file():
         names = sorted(p.stem for p in (ROOT / "recipes" / "studies").glob("*.yaml"))
         ap.error(f"no study {a.name!r}; choose one of {', '.join(names)}")
-    dest = a.dest or ROOT / "benchmarks" / "learning" / f"study_{a.name}"
+    dest = (a.dest or ROOT / "benchmarks" / "learning" / f"study_{a.name}").resolve()
+    if dest.is_relative_to(ROOT):  # the recorded summary names repository paths, not this machine's
+        dest = dest.relative_to(ROOT)
+        os.chdir(ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(a.archive) as tar:
             tar.extractall(tmp, filter="data")
