@@ -185,7 +185,13 @@ class GraphSampler(Sampler):
         return self.view.embed.weight.dtype
 
     def _drop_graphs(self) -> None:
+        """Forget every graph, and their memory pool: the next capture starts a new pool. PyTorch's allocator
+        cannot reopen a pool whose graphs were all released while some of its blocks are still allocated (a
+        tensor made during a capture and kept past it): ``beginAllocateToPool`` fails its ``use_count > 0``
+        assertion, the capture fails, and every later step would run eagerly. The old pool's memory is
+        returned once its blocks are free."""
         self._graphs.clear()
+        self._pool = None
         self._held = []
         self._held_keys = []
         self._fingerprint = None

@@ -40,11 +40,42 @@ sys.path.insert(0, str(REPO / "scripts"))
 from profile_table import profiled
 
 
+def host_top(fn, n: int = 25) -> tuple:
+    """(``fn()``, its ``n`` costliest Python functions by cumulative and by own host time under cProfile): where a
+    phase's host time goes when the GPU waits for it."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    out = pr.runcall(fn)
+    st = pstats.Stats(pr).stats
+
+    def name(k):
+        f, line, func = k
+        return f"{f.split('site-packages/')[-1].replace(str(REPO) + '/', '')}:{line}({func})"
+
+    def top(i):
+        rows = sorted(st.items(), key=lambda kv: -kv[1][i])[:n]
+        return [{"fn": name(k), "calls": v[1], "s": round(v[i], 5)} for k, v in rows]
+
+    return out, {"cumulative": top(3), "own": top(2)}
+
+
 def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
     """Run ``fn`` and store its wall seconds under ``key``; with ``profile = (dir, tag)`` under the profiler,
-    its summary under ``store["profile"][key]`` (a profiled step is not a timed one: the profiler costs time)."""
+    its summary under ``store["profile"][key]``; with ``profile = ("host", tag)`` under cProfile, its costliest
+    Python functions under ``store["host_profile"][key]`` (a profiled step is not a timed one: profilers cost
+    time)."""
     import torch
 
+    if profile is not None and profile[0] == "host":
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        t0 = time.perf_counter()
+        out, tops = host_top(fn)
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        store[key] = time.perf_counter() - t0
+        store.setdefault("host_profile", {})[key] = tops
+        return out
     if profile is not None:
         out, summary = profiled(device, fn, profile[0], f"{profile[1]}_{key.removesuffix('_s')}")
         store[key] = summary["wall_s"]
@@ -143,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None,
                     help="directory: after the timed steps, one more step with each phase under the profiler "
                          "(kernel tables in DIR/profile_<recipe>_<phase>.json, summaries in the JSON line)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="after the timed steps, one more step with each phase under cProfile: the costliest Python "
+                         "functions per phase in the JSON line (host_profile)")
     a = ap.parse_args(argv)
 
     import torch
@@ -181,20 +215,26 @@ def main(argv: list[str] | None = None) -> int:
 
             weight_sync = ModelWeightSync(model)
         # steps 1..reps are timed (0 is the warm-up); with --profile, step reps + 1 runs under the profiler
-        rows, profile = [], None
-        for step in range(a.reps + 2 if a.profile else a.reps + 1):
+        rows, profile, host_profile = [], None, None
+        extra = [(a.profile, recipe)] if a.profile else []
+        extra += [("host", recipe)] if a.host_profile else []
+        for step in range(a.reps + 1 + len(extra)):
             params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
-            prof = (a.profile, recipe) if step == a.reps + 1 else None
+            prof = extra[step - a.reps - 1] if step > a.reps else None
             m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
                          micro_tokens=a.micro_batch_tokens, patched=precision["patched"], seed=step,
                          weight_sync=weight_sync, profile=prof)
-            if prof is not None:
+            if prof is not None and prof[0] == "host":
+                host_profile = m["host_profile"]
+            elif prof is not None:
                 profile = m["profile"]
             elif step > 0:
                 rows.append(m)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         if profile is not None:
             med["profile"] = profile
+        if host_profile is not None:
+            med["host_profile"] = host_profile
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
         med["precision"] = precision

@@ -262,6 +262,46 @@ def test_gpu_bf16_against_reference_loop_measured_tolerance():
     _agree_up_to_first_difference(ref, got)
 
 
+def _replayed(eng, generate):
+    """``generate()``, checking that its decode replayed captured graphs (a failed capture falls back to eager
+    steps, which would satisfy every check on outputs and capture counts)."""
+    before = dict(eng.stats)
+    out = generate()
+    d = eng.describe()
+    assert d["decode"] == "cuda_graph" and d["eager_reason"] is None, d
+    new = {k: eng.stats[k] - before[k] for k in ("replays", "eager_steps", "captures")}
+    assert new["replays"] > 0 and new["eager_steps"] == new["captures"], (new, d)  # one warm-up step per capture
+    return out
+
+
+@gpu
+def test_gpu_recapture_after_the_weights_move():
+    """Weights at new addresses (as after the first grouped weight sync) drop the graphs; the next call captures
+    again, into a new memory pool, and replays. Twice, so the second drop releases a pool whose graphs were
+    all re-made."""
+    model, tok = _cuda_model(dtype=torch.bfloat16, tied=False)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=12, seed=1)
+    eng = GraphSampler(model, tok, graphs=True)
+    _replayed(eng, lambda: eng.generate(prompts, p))
+    for _ in range(2):
+        captures = eng.stats["captures"]
+        with torch.no_grad():
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        got = _replayed(eng, lambda: eng.generate(prompts, p))
+        assert eng.stats["captures"] > captures
+        _compare(GraphSampler(model, tok, graphs=False).generate(prompts, p), got, atol=0.0)
+
+
+def test_dropping_the_graphs_drops_their_pool():
+    """CPU: the bookkeeping of the test above (a new pool handle for the graphs captured after a drop)."""
+    model, tok = _tiny("qwen3")
+    eng = GraphSampler(model, tok, graphs=False)
+    eng._pool = object()
+    eng._drop_graphs()
+    assert eng._pool is None and not eng._graphs
+
+
 @gpu
 def test_gpu_weight_update_changes_graph_output_without_recapture():
     model, tok = _cuda_model(dtype=torch.bfloat16)
@@ -273,7 +313,7 @@ def test_gpu_weight_update_changes_graph_output_without_recapture():
     with torch.no_grad():
         for prm in model.parameters():
             prm.add_(torch.randn_like(prm) * 0.05)
-    after = eng.generate(prompts, p)
+    after = _replayed(eng, lambda: eng.generate(prompts, p))
     assert eng.stats["captures"] == captures  # same graphs, new weights
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
     _compare(GraphSampler(model, tok, graphs=False).generate(prompts, p), after, atol=0.0)
@@ -317,13 +357,15 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
 
     sync = ModelWeightSync(model)
     sync.sync()
-    eng.generate(prompts, p)  # graphs now read the sync's buffers
+    captures = eng.stats["captures"]
+    _replayed(eng, lambda: eng.generate(prompts, p))  # graphs captured again, now reading the sync's buffers
+    assert eng.stats["captures"] > captures
     captures = eng.stats["captures"]
     with torch.no_grad():
         for prm in model.parameters():
             prm.add_(torch.randn_like(prm) * 0.05)
     sync.sync()
-    after = eng.generate(prompts, p)
+    after = _replayed(eng, lambda: eng.generate(prompts, p))
     assert eng.stats["captures"] == captures
     assert [c.token_ids for c in after] != [c.token_ids for c in got]
     _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), after, atol=0.0)

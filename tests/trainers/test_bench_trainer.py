@@ -30,3 +30,20 @@ def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
         assert prof["update_s"]["top"] and prof["update_s"]["busy_s"] > 0
         table = json.loads((tmp_path / f"profile_{recipe}_update.json").read_text())
         assert any("mm" in k["kernel"] for k in table["kernels"])  # the backward's matmuls are on the table
+
+
+def test_bench_trainer_host_profile(capsys, monkeypatch):
+    """``--host-profile``: one more step per recipe under cProfile, its costliest functions per phase."""
+    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--recipes", "bf16",
+                   "--host-profile"])
+    assert rc == 0
+    hp = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]["bf16"]["host_profile"]
+    assert set(hp) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
+    names = [row["fn"] for row in hp["rollout_s"]["cumulative"]]
+    assert any("generate" in n for n in names), names  # the sampler's generate is among the rollout's costliest
+    assert all(row["s"] >= 0 and row["calls"] >= 1 for row in hp["update_s"]["own"])

@@ -423,3 +423,23 @@ def test_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_pa
     run_local(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, part)]))
     a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
     assert [r["step"] for r in b] == [1, 2] and a == b
+
+
+def test_a_failed_graph_capture_is_reported_once(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A graph sampler that gave up on graphs (a failed capture sets ``eager_reason``) decodes eagerly from then
+    on: the run says so once on stderr instead of just getting slower."""
+    from rollout.graph_sampler import GraphSampler
+
+    generate = GraphSampler.generate
+
+    def failing(self, prompts, params):
+        self.eager_reason = "CUDA graph capture failed: RuntimeError: simulated"
+        return generate(self, prompts, params)
+
+    monkeypatch.setattr(GraphSampler, "generate", failing)
+    run_local(load_config([*_args(tiny_model_dir, tmp_path / "run"), "recipe=bf16", "trainer.max_steps=2",
+                           "rollout.sampler=graph"]))
+    err = capsys.readouterr().err
+    assert err.count("the rollout decodes eagerly") == 1, err
+    assert "from step 1 " in err  # the first logged step
+    assert "simulated" in err

@@ -275,6 +275,7 @@ class LocalTrainer:
             from minite_kernels.optim import AdamW as opt_cls
         self.optimizer = opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         self._grouped_sync = None  # built on the first weight sync (after the optimizer has state)
+        self._eager_reported = False  # the graph sampler's fallback to eager decoding, said once
         warm = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
@@ -474,6 +475,17 @@ class LocalTrainer:
         metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.sampler_model) - before)
         return metrics
 
+    def _report_eager_fallback(self, step: int) -> None:
+        """Say once, on stderr and in meta.json, that the CUDA-graph sampler gave up on graphs (a failed
+        capture): every later rollout decodes step by step on the host, several times slower."""
+        reason = getattr(self.sampler, "eager_reason", None)
+        if reason is None or self._eager_reported:
+            return
+        self._eager_reported = True
+        print(f"[trainers] warning: from step {step} the rollout decodes eagerly, several times slower: {reason}",
+              file=sys.stderr)
+        _write_meta(self.run_dir, {"sampler": self.sampler.describe()})
+
     def _copy_to_sampler(self) -> None:
         """The learner's parameters into the sampler's own model, in place (the CUDA-graph sampler's buffers
         keep their addresses); nothing when the two share one model."""
@@ -507,6 +519,7 @@ class LocalTrainer:
         # the engine's graph work this step: a capture costs a warm-up step plus the capture, a refill a copy
         sampler_counts = {f"rollout/{k}": float(v - before.get(k, 0))
                           for k, v in getattr(self.sampler, "stats", {}).items() if k in SAMPLER_COUNTS}
+        self._report_eager_fallback(step + 1)  # the step number the metrics log
         with timed(t, "timing/reward_s", self.device):
             scores, reward_extra = self._score(step, examples, completions)
         batch = collate(completions, self.sampler.pad_id, self.device)
