@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
+import sys
 import time
 
 import torch
@@ -68,6 +70,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    p.add_argument("--profile", action="store_true",
+                   help="also run 5 calls of triage (diagnostics on) and of triage_nodiag under torch.profiler: "
+                        "their costliest kernels in the JSON line (profile)")
     args = p.parse_args()
     if args.iters < 20:
         p.error("--iters must be >= 20 (median of at least 20 runs)")
@@ -182,6 +187,16 @@ def main() -> None:
         "torch": torch.__version__,
         "verl": verl.__version__ if verl is not None else None,
     }
+    if args.profile:
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        from profile_table import profiled
+
+        dev = torch.device(args.device)
+        out["profile"] = {}
+        for name in ("triage", "triage_nodiag"):
+            _, summary = profiled(dev, lambda fn=cands[name]: [fn() for _ in range(5)], None, name, top=15)
+            out["profile"][name] = {"busy_ms_per_call": round(summary["busy_s"] * 1e3 / 5, 3),
+                                    "kernels": [k | {"ms": round(k["ms"] / 5, 4)} for k in summary["kernels"]]}
     print(json.dumps(out))
 
 
