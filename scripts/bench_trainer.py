@@ -8,7 +8,8 @@ on CUDA, ``loop`` the reference KV-cache loop), the
 chunked log-prob recompute (``trainers.learner.logprobs``), AdamW with gradient clipping, minite's
 ``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
 training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step: on CUDA with
-Triton, ``ModelWeightSync`` into the buffers the sampler's graphs read, then a 1-token forward, as the trainer).
+Triton, ``ModelWeightSync`` into the buffers the sampler's graphs read, then, as the trainer, a 1-token forward for the
+weights it does not cover, if any).
 The loss is a token-mean importance-weighted policy-gradient surrogate on fixed +-1 advantages: its arithmetic
 is negligible next to the forward/backward, and it keeps the benchmark free of verl/Ray, which the GPU
 machine does not have. The model is a random Qwen3 with Qwen3-0.6B's shapes (28 layers, hidden 1024,
@@ -144,8 +145,9 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         if patched:  # quantized weight caches are keyed on the parameter version: the next forward re-quantizes
             if weight_sync is not None:
                 weight_sync.sync()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
+            if weight_sync is None or weight_sync.unsynced:  # as the trainer: a forward for what is left
+                with torch.no_grad():
+                    model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
 
     _timed(t, "sync_s", dev, sync, profile)
     t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))

@@ -66,6 +66,9 @@ class ModelWeightSync:
             ) from e
 
         self.skipped: list[tuple[str, str]] = []
+        #: the skipped modules that do quantize their fprop weight: they re-quantize it on their next forward
+        #: (empty: after :meth:`sync` every quantized weight is current, and no forward is needed for it)
+        self.unsynced: list[str] = []
         by_weight: dict[int, tuple[torch.Tensor, list]] = {}
         for name, m in model.named_modules():
             if not isinstance(m, QuantizedLinearMixin):
@@ -73,6 +76,8 @@ class ModelWeightSync:
             why = _why_not(m)
             if why is not None:
                 self.skipped.append((name, why))
+                if m.qlinear_params.fprop.b.quantized:
+                    self.unsynced.append(name)
                 continue
             by_weight.setdefault(id(m.weight), (m.weight, []))[1].append(m)  # tied weights: quantized once
         groups: dict[tuple, list] = {}

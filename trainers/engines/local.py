@@ -457,7 +457,8 @@ class LocalTrainer:
         CUDA with the Triton kernels, all eligible weights are re-quantized here in grouped launches
         (ModelWeightSync, with the optimizer's amaxes when it records them, i.e. for shared parameters);
         whatever remains is re-quantized by a 1-token forward, so the whole cost is reported as
-        `timing/sync_s`."""
+        `timing/sync_s`. When the grouped sync covers every quantized weight, that forward would re-quantize
+        nothing, only cost the host one pass over every linear, and is skipped."""
         self._copy_to_sampler()
         if not self.sampler_precision.get("patched"):
             return {}
@@ -469,6 +470,9 @@ class LocalTrainer:
                 shared = self.sampler_model is self.model
                 self._grouped_sync = ModelWeightSync(self.sampler_model, self.optimizer if shared else None)
             metrics = self._grouped_sync.sync()
+            if not self._grouped_sync.unsynced:
+                metrics["perf/requantized_weights"] = 0.0
+                return metrics
         before = _weight_cache_misses(self.sampler_model)
         with torch.no_grad():
             self.sampler_model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
