@@ -15,8 +15,10 @@ is negligible next to the forward/backward, and it keeps the benchmark free of v
 machine does not have. The model is a random Qwen3 with Qwen3-0.6B's shapes (28 layers, hidden 1024,
 MLP 3072, 16 query / 8 KV heads of 128, vocab 151,936 as in its config, tied embeddings) in bf16, tokenized with the real
 Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same weights. EOS is ignored so
-both recipes generate the same number of tokens. One warm-up step, then ``--reps`` timed steps; medians are
-reported. Each phase is timed with device synchronisation around it (phases last seconds).
+both recipes generate the same number of tokens. Every recipe's model stays in memory: one warm-up step each, then
+``--reps`` timed steps, each running every recipe once in an order that rotates from step to step
+(``timed_orders`` in the JSON), so that machine drift and the position in the process fall on all recipes alike;
+medians are reported. Each phase is timed with device synchronisation around it (phases last seconds).
 
 Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step, tokens/s and
 the sampler-vs-learner mean |gap|, plus ``ratio[recipe]`` = the first recipe's seconds / that recipe's seconds
@@ -156,6 +158,39 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     return t
 
 
+def _setup(recipe: str, base, tok, dev, a) -> dict:
+    """One recipe's model (a copy of ``base``, quantized unless bf16), sampler, optimizer and weight sync."""
+    import torch
+
+    from rollout import make_sampler
+    from trainers.engines.local import _triton_kernels_ok
+
+    model = copy.deepcopy(base).to(dev)
+    precision: dict = {"recipe": recipe, "patched": False}
+    if recipe != "bf16":
+        from minite_kernels import quantize_model
+
+        rep = quantize_model(model, recipe, backend=a.backend)
+        precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
+                     "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
+    sampler = make_sampler(model, tok, engine=a.sampler)
+    if a.ignore_eos:
+        sampler.default_stop_ids = ()
+    weight_sync = None
+    if precision["patched"] and _triton_kernels_ok(dev):
+        from minite_kernels.modules.weight_sync import ModelWeightSync
+
+        weight_sync = ModelWeightSync(model)
+    return {"model": model, "sampler": sampler, "opt": torch.optim.AdamW(model.parameters(), lr=1e-6),
+            "weight_sync": weight_sync, "precision": precision}
+
+
+def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None = None) -> dict:
+    return one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
+                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
+                    weight_sync=run["weight_sync"], profile=profile)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -183,11 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rollout import SamplingParams, make_sampler
+    from rollout import SamplingParams
     from rollout.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
-    from trainers.engines.local import _triton_kernels_ok
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
@@ -197,59 +231,45 @@ def main(argv: list[str] | None = None) -> int:
     base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype, **shapes)
     examples = arithmetic_examples(a.prompts, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
+    names = a.recipes.split(",")
+    runs = {recipe: _setup(recipe, base, tok, dev, a) for recipe in names}
+    rows: dict[str, list] = {recipe: [] for recipe in names}
+    orders: list[list[str]] = []
+    # step 0 warms every recipe up (captures, compiles, autotuning); steps 1..reps are timed, interleaved: each
+    # step runs every recipe once, in an order that rotates from step to step, so that a slow patch of the machine
+    # or a position in the process (first or second model on the GPU) does not land on one recipe only
+    for step in range(a.reps + 1):
+        params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
+        k = step % len(names)
+        order = names[k:] + names[:k]
+        for recipe in order:
+            m = _step(runs[recipe], tok, prompts, params, a, step)
+            if step > 0:
+                rows[recipe].append(m)
+        if step > 0:
+            orders.append(order)
     results: dict[str, dict] = {}
-    for recipe in a.recipes.split(","):
-        model = copy.deepcopy(base).to(dev)
-        precision: dict = {"recipe": recipe, "patched": False}
-        if recipe != "bf16":
-            from minite_kernels import quantize_model
-
-            rep = quantize_model(model, recipe, backend=a.backend)
-            precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
-                         "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
-        sampler = make_sampler(model, tok, engine=a.sampler)
-        if a.ignore_eos:
-            sampler.default_stop_ids = ()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        weight_sync = None
-        if precision["patched"] and _triton_kernels_ok(dev):
-            from minite_kernels.modules.weight_sync import ModelWeightSync
-
-            weight_sync = ModelWeightSync(model)
-        # steps 1..reps are timed (0 is the warm-up); with --profile, step reps + 1 runs under the profiler
-        rows, profile, host_profile = [], None, None
+    for recipe in names:
+        run = runs[recipe]
+        med = {key: statistics.median(r[key] for r in rows[recipe]) for key in rows[recipe][0]}
+        # with --profile / --host-profile, one more step per recipe under that profiler (not a timed one)
         extra = [(a.profile, recipe)] if a.profile else []
         extra += [("host", recipe)] if a.host_profile else []
-        for step in range(a.reps + 1 + len(extra)):
-            params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
-            prof = extra[step - a.reps - 1] if step > a.reps else None
-            m = one_step(model, tok, sampler, prompts, params, opt, micro=a.micro_batch,
-                         micro_tokens=a.micro_batch_tokens, patched=precision["patched"], seed=step,
-                         weight_sync=weight_sync, profile=prof)
-            if prof is not None and prof[0] == "host":
-                host_profile = m["host_profile"]
-            elif prof is not None:
-                profile = m["profile"]
-            elif step > 0:
-                rows.append(m)
-        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        if profile is not None:
-            med["profile"] = profile
-        if host_profile is not None:
-            med["host_profile"] = host_profile
+        for i, prof in enumerate(extra):
+            seed = a.reps + 1 + i
+            m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
+            key = "host_profile" if prof[0] == "host" else "profile"
+            med[key] = m[key]
         med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
         med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
-        med["precision"] = precision
-        med["sampler"] = sampler.describe()
+        med["precision"] = run["precision"]
+        med["sampler"] = run["sampler"].describe()
         results[recipe] = med
-        del model, sampler, opt
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    names = list(results)
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
-           "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__, "results": results,
+           "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__,
+           "timed_orders": orders, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if len(names) >= 2:
         b = results[names[0]]

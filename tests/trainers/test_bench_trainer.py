@@ -23,6 +23,8 @@ def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
     assert out["results"]["nvfp4_per_token_bf16_bwd"]["precision"]["patched"] is True
     assert out["results"]["bf16"]["response_tokens"] == 2 * 2 * 4  # EOS ignored: every sequence is full length
     assert out["ratio"]["nvfp4_per_token_bf16_bwd"]["step_s"] > 0
+    # the timed step runs both recipes, in the order rotated once from the warm-up's
+    assert out["timed_orders"] == [["nvfp4_per_token_bf16_bwd", "bf16"]]
     # the profiled step: one kernel table per recipe and phase, each naming where its time went
     for recipe in ("bf16", "nvfp4_per_token_bf16_bwd"):
         prof = out["results"][recipe]["profile"]
