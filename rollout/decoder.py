@@ -128,7 +128,7 @@ def _fusable(final_norm, layers, qk_norm: bool) -> tuple[str | None, float]:
 
 def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torch.Tensor], tok: torch.Tensor,
                   pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None,
-                  packed: list | None = None) -> torch.Tensor:
+                  packed: list | None = None, norm_quant: bool = False) -> torch.Tensor:
     """Logits [B, V] of one decode step, writing this step's K/V into slot ``slot`` of each layer's cache.
 
     ``keys[i]`` / ``values[i]``: [B, Hkv, S, D] views of the static cache; ``tok``, ``pos``: int64 [B];
@@ -137,9 +137,12 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``;
     ``packed``: with them, ``PackedLinears.layers`` (one GEMM for q/k/v and one for gate/up where packed;
     a group that returns None for this input runs as the model's modules).
+    ``norm_quant``: a packed NVFP4 group takes its X̂ from the norm before it, residual add + RMSNorm + the
+    lane's activation quantization in one Triton launch (``minite_kernels.backends.triton.norm_quant``),
+    instead of the norm's output quantized by the group.
     """
     if fns is not None:
-        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed)
+        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed, norm_quant)
     b = tok.shape[0]
     d, hkv = view.head_dim, view.num_kv_heads
     rep = view.num_heads // hkv
@@ -162,18 +165,39 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     return view.lm_head(view.norm(h))[:, 0]
 
 
-def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict, packed) -> torch.Tensor:
+def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict, packed,
+                  norm_quant: bool = False) -> torch.Tensor:
     b = tok.shape[0]
     d, hkv, eps = view.head_dim, view.num_kv_heads, view.eps
     rep = view.num_heads // hkv
     h = view.embed(tok.unsqueeze(1))
     cos, sin = view.rotary(h, pos.unsqueeze(1))
     layers = view.layers
-    x = fns["rms_norm"](h, layers[0].input_layernorm.weight, eps)
+    groups = packed if packed is not None else [(None, None)] * len(layers)
+
+    def norm(h, y, w, group):
+        """(h + y, the normed x for ``group``): x itself, or its X̂ when the group takes one made here."""
+        if norm_quant and group is not None and group.takes_deq(h):
+            from minite_kernels.backends.triton.norm_quant import add_rms_norm_deq
+
+            k = h.shape[-1]
+            h2, x_hat, _ = add_rms_norm_deq(h.reshape(-1, k), None if y is None else y.reshape(-1, k), w, eps)
+            return (h if h2 is None else h2.view(h.shape)), (x_hat, h.shape)
+        if y is None:
+            return h, fns["rms_norm"](h, w, eps)
+        return fns["add_rms_norm"](h, y, w, eps)
+
+    def project(group, x):
+        """The group's concatenated outputs, or None where its modules must run on ``x``."""
+        if group is None:
+            return None
+        return group.from_deq(*x) if isinstance(x, tuple) else group(x)
+
+    h, x = norm(h, None, layers[0].input_layernorm.weight, groups[0][0])
     for i, layer in enumerate(layers):
         a, mlp = layer.self_attn, layer.mlp
-        qkv, gu = packed[i] if packed is not None else (None, None)
-        y = qkv(x) if qkv is not None else None  # None: this group runs as its modules here
+        qkv, gu = groups[i]
+        y = project(qkv, x)  # None: this group runs as its modules here
         if y is not None:
             q, k, v = y.split(qkv.splits, dim=-1)
         else:
@@ -184,13 +208,14 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
         keys[i].index_copy_(2, slot, k)
         values[i].index_copy_(2, slot, v.transpose(1, 2))
         o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)
-        h, x = fns["add_rms_norm"](h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, eps)
-        y = gu(x) if gu is not None else None
+        h, x = norm(h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, gu)
+        y = project(gu, x)
         if y is not None:
             g, u = y.split(gu.splits, dim=-1)
         else:
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
         y = mlp.down_proj(fns["silu_mul"](g, u))
-        w_next = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else view.norm.weight
-        h, x = fns["add_rms_norm"](h, y, w_next, eps)
+        last = i + 1 == len(layers)
+        w_next = view.norm.weight if last else layers[i + 1].input_layernorm.weight
+        h, x = norm(h, y, w_next, None if last else groups[i + 1][0])
     return view.lm_head(x)[:, 0]

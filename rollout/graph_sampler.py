@@ -99,13 +99,17 @@ class GraphSampler(Sampler):
     packed weight copies (``packed.py``: plain linears, and NVFP4 linears on minite's fast lane, whose packed
     copy is the dequantized weight; extra memory, ``describe()["packed_bytes"]``).
     ``check_every``: tokens between two host reads of the live-row mask.
+    ``norm_quant``: with packed NVFP4 groups, make each group's X̂ in the launch of the norm before it
+    (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm + the lane's activation quantizer)
+    instead of a norm launch and a quantizer launch. Off by default: bit-equal X̂ for the kernel's normed
+    activation under the interpreter and compiled offline for sm_90, not yet timed on a GPU.
     """
 
     name = "graph"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
                  fused: bool | str = "auto", attention: str = "auto", pack: bool = True,
-                 check_every: int = 8, alignment: str = "default") -> None:
+                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False) -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
                 raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
@@ -129,6 +133,12 @@ class GraphSampler(Sampler):
         self._packed = PackedLinears(self.view) if use_fused and pack else None
         if self._packed is not None and not self._packed.any:
             self._packed = None
+        if norm_quant not in (True, False):
+            raise ValueError(f"norm_quant must be True or False, got {norm_quant!r}")
+        if norm_quant and (self._packed is None or not self._packed.quantized_groups):
+            raise ValueError("norm_quant=True quantizes the input of packed NVFP4 groups, and this engine has none "
+                             "(it needs fused functions, pack=True and a model on minite's NVFP4 fast lane)")
+        self.norm_quant = bool(norm_quant)
         if attention == "auto":
             attention = "triton" if cuda and attn.triton is not None else "sdpa"
         if attention == "strict" and alignment != "strict":
@@ -165,7 +175,8 @@ class GraphSampler(Sampler):
         return {"sampler": self.name, "sampling_backend": DRAW, "decode": mode, "eager_reason": why,
                 "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
                 "packed_bytes": self._packed.nbytes if self._packed else 0,
-                "packed_quantized_groups": self._packed.quantized_groups if self._packed else 0, **self.stats}
+                "packed_quantized_groups": self._packed.quantized_groups if self._packed else 0,
+                "norm_quant": self.norm_quant, **self.stats}
 
     # ------------------------------------------------------------------------------------------ state
     def _ensure_state(self, rows: int, seq: int, steps: int, nstops: int) -> _State:
@@ -399,7 +410,7 @@ class GraphSampler(Sampler):
             def attend(q, k, v, scale):
                 return attn.decode_attention_ref(q, k, v, mask, scale)
         logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns,
-                               self._packed.layers if self._packed is not None else None)
+                               self._packed.layers if self._packed is not None else None, self.norm_quant)
         st.step += 1
         self._record(st, b, logits, params)
         st.pos[:b] += 1

@@ -63,6 +63,23 @@ class Packed:
     splits: list[int]
     lane: tuple | None = None
 
+    def takes_deq(self, like: torch.Tensor) -> bool:
+        """Whether the group, given an input with ``like``'s rows, dtype and layout ([..., K]), runs the lane's
+        GEMM on X̂ (so :meth:`from_deq` may take an X̂ made elsewhere) rather than its modules."""
+        if self.lane is None:
+            return False
+        from minite_kernels.modules.fast_lane import call_ok
+
+        return call_ok(self.lane, like.reshape(-1, like.shape[-1]), self.weight)
+
+    def from_deq(self, x_hat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """The group's outputs from X̂ = deq(Q_token(x)) [rows, K] made elsewhere, shaped ``shape[:-1] + [N]``
+        (only where :meth:`takes_deq` holds: the same values as ``self(x)``)."""
+        from minite_kernels.modules.fast_lane import deq_linear
+
+        y = deq_linear(x_hat, self.weight, self.bias)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The group's concatenated outputs for ``x`` [..., K], or None where the modules must run."""
         if self.lane is None:

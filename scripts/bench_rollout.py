@@ -9,6 +9,7 @@ Variants (``--variants``, comma-separated):
   bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
   Triton decode-attention kernel; ``graph-nopack_*``: without packed q/k/v and gate/up GEMMs;
+  ``graph-nq_nvfp4``: the packed NVFP4 groups' X̂ made by the norm before them (``norm_quant=True``);
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -46,7 +47,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from profile_table import profiled
 
 VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16",
-            "graph-nopack_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+            "graph-nopack_nvfp4", "graph-nq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 
@@ -151,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         model, rep = model_for(prec)
         params = SamplingParams(max_new_tokens=T, seed=0)
         sampler = None
-        if kind in ("graph", "graph-sdpa", "graph-nopack", "eager"):
+        if kind in ("graph", "graph-sdpa", "graph-nopack", "graph-nq", "eager"):
             sampler = GraphSampler(model, tok, graphs=kind != "eager", check_every=a.check_every,
                                    attention="sdpa" if kind == "graph-sdpa" else "auto",
-                                   pack=kind != "graph-nopack")
+                                   pack=kind != "graph-nopack", norm_quant=kind == "graph-nq")
         elif kind == "loop":
             sampler = LocalSampler(model, tok)
         if sampler is not None:

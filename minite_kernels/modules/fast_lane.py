@@ -107,10 +107,16 @@ def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias
     columns of Y are that layer's output."""
     recipe, _, quantizer = lane
     qx = quantizer.quantize_token_deq(x2d, recipe.fprop.a)
-    y = torch.mm(qx.deq, w_hat.t())
+    return deq_linear(qx.deq, w_hat, bias), qx.deq
+
+
+def deq_linear(x_hat: torch.Tensor, w_hat: torch.Tensor, bias) -> torch.Tensor:
+    """``Y = X̂ Ŵᵀ (+ b)`` on the two BF16 dequantized operands: the lane's GEMM, for callers that made X̂
+    themselves (the sampler's norm fused with the quantizer, ``backends/triton/norm_quant.py``)."""
+    y = torch.mm(x_hat, w_hat.t())
     if bias is not None:
         y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
-    return y, qx.deq
+    return y
 
 
 def lane_forward(lane: tuple, cache: WeightCache, x2d, weight, bias):

@@ -270,3 +270,21 @@ scf.for %i = %c0 to %n step %c1 {{
 """
     moving = moving_conversions_in_loop(ttgir)
     assert [m.split(" =")[0] for m in moving] == ["%1", "%2"]
+
+
+@pytest.mark.parametrize("nb,residual", [(64, True), (64, False), (160, True), (1024, True)])
+def test_norm_quant_kernel_keeps_rows_in_registers(nb, residual):
+    """``norm_quant._add_rms_norm_deq_kernel`` compiles for sm_90 with the BF16 quantizer's block-major load tile
+    (32 lanes along the blocks) and moves no data between threads except its two row reductions."""
+    from minite_kernels.backends.triton.norm_quant import _add_rms_norm_deq_kernel, _warps
+
+    nb = triton.next_power_of_2(nb)
+    warps = _warps(nb)
+
+    types = {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "hout_ptr": "*bf16", "x_ptr": "*bf16",
+             "deq_ptr": "*bf16", "M": "i32", "NBK": "i32", "inv_k": "fp32", "eps": "fp32"}
+    ttgir = _ttgir(_add_rms_norm_deq_kernel, types,
+                   {"NB": nb, "HAS_Y": residual, "WRITE_X": False, "RNE_INT": False}, warps)
+    assert "ttg.convert_layout" not in ttgir
+    lanes = _load_tile_lanes(ttgir)
+    assert lanes[0] == 32, lanes

@@ -1,6 +1,7 @@
 """The CUDA-graph sampler engine against the reference loop (eager on CPU; captured graphs on the GPU)."""
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -371,6 +372,20 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
     _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), after, atol=0.0)
 
 
+@gpu
+def test_gpu_norm_quant_inside_the_graph():
+    """``norm_quant=True`` captured: the fused norm + quantizer kernel replays inside the graph and the engine
+    samples what it samples without it, up to the norm's last-bit differences."""
+    model, tok, _ = _nvfp4_model()
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=16, temperature=0.0)
+    want = GraphSampler(model, tok, graphs=True).generate(prompts, p)
+    eng = GraphSampler(model, tok, graphs=True, norm_quant=True)
+    got = _replayed(eng, lambda: eng.generate(prompts, p))
+    _agree_up_to_first_difference(want, got, atol=0.05)
+    _compare(GraphSampler(model, tok, graphs=False, norm_quant=True).generate(prompts, p), got, atol=0.0)
+
+
 def _prefill(model, prompts):
     from rollout.local import left_pad
 
@@ -472,3 +487,47 @@ def test_gpu_nvfp4_engine_with_and_without_packing():
     assert eng.describe()["packed_quantized_groups"] == 4 and eng.describe()["decode"] == "cuda_graph"
     _compare(GraphSampler(model, tok, graphs=False, pack=True).generate(prompts, p), got, atol=0.0)
     _agree_up_to_first_difference(GraphSampler(model, tok, graphs=True, pack=False).generate(prompts, p), got)
+
+
+# ----------------------------------------------------------------------------------- Triton interpreter (CPU)
+_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
+
+
+def test_graph_sampler_kernels_under_interpreter_in_subprocess(run_interp_tests):
+    run_interp_tests(__file__)
+
+
+@_interp_only
+def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
+    """``norm_quant=True``: the packed NVFP4 groups take X̂ from the fused norm kernel (once per group and step at
+    more than 4 rows), and the engine samples what it samples without it, up to the last-bit differences of the
+    norm (another summation order)."""
+    from minite_kernels import quantize_model
+    from minite_kernels.backends.triton import TritonBackend
+    from minite_kernels.backends.triton import norm_quant as nq
+
+    monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
+    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
+    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    calls = []
+    real = nq.add_rms_norm_deq
+    monkeypatch.setattr(nq, "add_rms_norm_deq", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    prompts = _prompts(512)  # 8 rows: the lane's GEMM, not the <= 4-row decode kernel
+    p = SamplingParams(max_new_tokens=3, temperature=0.0)
+    plain = GraphSampler(model, tok, graphs=False, fused=True)
+    fused = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True)
+    assert fused.describe()["norm_quant"] is True and plain.describe()["packed_quantized_groups"] == 4
+    want, got = plain.generate(prompts, p), fused.generate(prompts, p)
+    steps = 2  # decode steps after the prefill's token
+    assert len(calls) == steps * 4, calls  # 2 layers x (q/k/v, gate/up)
+    _agree_up_to_first_difference(want, got, atol=0.05)
+    assert sum(a.token_ids == b.token_ids for a, b in zip(want, got)) >= 6  # most rows sample the same tokens
+
+
+def test_norm_quant_needs_packed_nvfp4_groups():
+    model, tok = _tiny("qwen3")
+    with pytest.raises(ValueError, match="norm_quant=True quantizes the input of packed NVFP4 groups"):
+        GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True)
+    with pytest.raises(ValueError, match="norm_quant must be True or False"):
+        GraphSampler(model, tok, graphs=False, fused=True, norm_quant="yes")

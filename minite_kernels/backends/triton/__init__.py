@@ -8,6 +8,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 - ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize: the
                    launchers; ``quantize_kernels`` holds the generic kernels and their math
 - ``quantize_bf16`` its BF16 fast path (words of two BF16 values) and the grouped weight kernels
+- ``norm_quant``   residual add + RMSNorm fused with the per-token quantize-dequantize of its output (the
+                   sampler's X̂ for packed NVFP4 projections, ``GraphSampler(norm_quant=True)``)
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
 - ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
                    GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps): the
