@@ -15,18 +15,23 @@ ENGINES = ("auto", "graph", "loop")
 
 
 def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str = "auto",
-                 check_every: int = 8, alignment: str = "default"):
+                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False):
     """A sampler with ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and ``describe()``;
-    ``alignment``: ``default`` or ``strict`` (batch-invariant reductions, ``minite_kernels.strict``)."""
+    ``alignment``: ``default`` or ``strict`` (batch-invariant reductions, ``minite_kernels.strict``);
+    ``norm_quant``: the graph engine's fused norm + NVFP4 activation quantizer (``GraphSampler``)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown sampler engine {engine!r}; valid: {', '.join(ENGINES)}")
+    cuda = next(model.parameters()).device.type == "cuda"
+    if norm_quant and (engine == "loop" or (engine == "auto" and not cuda)):
+        raise ValueError("norm_quant=True is a CUDA-graph engine option: the reference loop runs here "
+                         f"(engine={engine!r} on {'CUDA' if cuda else 'CPU'}); use engine='graph' or drop norm_quant")
     if engine == "loop":
         return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
-    cuda = next(model.parameters()).device.type == "cuda"
     if engine == "auto" and not cuda:
         return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
     try:
-        return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every, alignment=alignment)
+        return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every, alignment=alignment,
+                            norm_quant=norm_quant)
     except UnsupportedModel as e:
         if engine == "auto":
             warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)

@@ -173,7 +173,7 @@ def _setup(recipe: str, base, tok, dev, a) -> dict:
         rep = quantize_model(model, recipe, backend=a.backend)
         precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
                      "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
-    sampler = make_sampler(model, tok, engine=a.sampler)
+    sampler = make_sampler(model, tok, engine=a.sampler, norm_quant=a.norm_quant and precision["patched"])
     if a.ignore_eos:
         sampler.default_stop_ids = ()
     weight_sync = None
@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None,
                     help="directory: after the timed steps, one more step with each phase under the profiler "
                          "(kernel tables in DIR/profile_<recipe>_<phase>.json, summaries in the JSON line)")
+    ap.add_argument("--norm-quant", action="store_true",
+                    help="the NVFP4 recipes' graph engine with norm_quant=True (the norm makes the packed projections' "
+                         "quantized activation operand)")
     ap.add_argument("--host-profile", action="store_true",
                     help="after the timed steps, one more step with each phase under cProfile: the costliest Python "
                          "functions per phase in the JSON line (host_profile)")

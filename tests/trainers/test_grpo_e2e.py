@@ -477,3 +477,16 @@ def test_weight_sync_runs_the_one_token_forward_only_for_unsynced_weights(unsync
     assert len(calls) == (1 if unsynced else 0)
     if not unsynced:
         assert metrics["perf/requantized_weights"] == 0.0
+
+
+def test_norm_quant_where_it_cannot_run_is_a_config_error(tiny_model_dir, tmp_path):
+    """``rollout.norm_quant=true`` is a graph-engine option for NVFP4 samplers: on the CPU's reference loop, or on
+    a BF16 model's graph engine, the run stops at set-up with the reason."""
+    from trainers.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.norm_quant=true: .*CUDA-graph engine option"):
+        LocalTrainer(load_config([*_args(tiny_model_dir, tmp_path / "a"), "recipe=bf16",
+                                  "rollout.norm_quant=true"])).setup()
+    with pytest.raises(ConfigError, match=r"rollout.norm_quant=true: .*packed NVFP4 groups"):
+        LocalTrainer(load_config([*_args(tiny_model_dir, tmp_path / "b"), "recipe=bf16", "rollout.norm_quant=true",
+                                  "rollout.sampler=graph"])).setup()

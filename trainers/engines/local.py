@@ -260,9 +260,14 @@ class LocalTrainer:
         self._param_pairs = _param_pairs(self.model, self.sampler_model) if separate else []
         try:
             self.sampler = make_sampler(self.sampler_model, self.tok, batch_size=cfg.rollout.batch_size,
-                                        engine=cfg.rollout.sampler, alignment=cfg.precision.alignment)
+                                        engine=cfg.rollout.sampler, alignment=cfg.precision.alignment,
+                                        norm_quant=cfg.rollout.norm_quant)
         except UnsupportedModel as e:
             raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
+        except ValueError as e:
+            if not cfg.rollout.norm_quant:
+                raise
+            raise ConfigError(f"rollout.norm_quant=true: {e}") from None
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
                                        cfg.data.shuffle)
         self._prompt_cache: dict[int, list[int]] = {}
