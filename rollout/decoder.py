@@ -128,7 +128,7 @@ def _fusable(final_norm, layers, qk_norm: bool) -> tuple[str | None, float]:
 
 def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torch.Tensor], tok: torch.Tensor,
                   pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None,
-                  packed: list | None = None, norm_quant: bool = False) -> torch.Tensor:
+                  packed: list | None = None, norm_quant: bool = False, down: list | None = None) -> torch.Tensor:
     """Logits [B, V] of one decode step, writing this step's K/V into slot ``slot`` of each layer's cache.
 
     ``keys[i]`` / ``values[i]``: [B, Hkv, S, D] views of the static cache; ``tok``, ``pos``: int64 [B];
@@ -137,12 +137,13 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     ``fns``: the fused functions (``fused.functions``) for a model with ``view.unfusable is None``;
     ``packed``: with them, ``PackedLinears.layers`` (one GEMM for q/k/v and one for gate/up where packed;
     a group that returns None for this input runs as the model's modules).
-    ``norm_quant``: a packed NVFP4 group takes its X̂ from the norm before it, residual add + RMSNorm + the
-    lane's activation quantization in one Triton launch (``minite_kernels.backends.triton.norm_quant``),
-    instead of the norm's output quantized by the group.
+    ``norm_quant``: a packed NVFP4 group takes its X̂ from the op before it, that op and the lane's activation
+    quantization in one Triton launch (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm
+    for q/k/v and gate/up; the SiLU product for ``down[i]``, ``PackedLinears.down``), instead of the op's output
+    quantized by the group.
     """
     if fns is not None:
-        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed, norm_quant)
+        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed, norm_quant, down)
     b = tok.shape[0]
     d, hkv = view.head_dim, view.num_kv_heads
     rep = view.num_heads // hkv
@@ -166,7 +167,7 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
 
 
 def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict, packed,
-                  norm_quant: bool = False) -> torch.Tensor:
+                  norm_quant: bool = False, down: list | None = None) -> torch.Tensor:
     b = tok.shape[0]
     d, hkv, eps = view.head_dim, view.num_kv_heads, view.eps
     rep = view.num_heads // hkv
@@ -214,7 +215,14 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
             g, u = y.split(gu.splits, dim=-1)
         else:
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
-        y = mlp.down_proj(fns["silu_mul"](g, u))
+        dn = down[i] if norm_quant and down is not None else None
+        if dn is not None and dn.takes_deq(g):
+            from minite_kernels.backends.triton.norm_quant import silu_mul_deq
+
+            k = g.shape[-1]
+            y = dn.from_deq(silu_mul_deq(g.reshape(-1, k), u.reshape(-1, k))[0], g.shape)
+        else:
+            y = mlp.down_proj(fns["silu_mul"](g, u))
         last = i + 1 == len(layers)
         w_next = view.norm.weight if last else layers[i + 1].input_layernorm.weight
         h, x = norm(h, y, w_next, None if last else groups[i + 1][0])

@@ -99,9 +99,10 @@ class GraphSampler(Sampler):
     packed weight copies (``packed.py``: plain linears, and NVFP4 linears on minite's fast lane, whose packed
     copy is the dequantized weight; extra memory, ``describe()["packed_bytes"]``).
     ``check_every``: tokens between two host reads of the live-row mask.
-    ``norm_quant``: with packed NVFP4 groups, make each group's X̂ in the launch of the norm before it
-    (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm + the lane's activation quantizer)
-    instead of a norm launch and a quantizer launch. Off by default: bit-equal X̂ for the kernel's normed
+    ``norm_quant``: with packed NVFP4 groups, make each group's X̂ in the launch of the op before it
+    (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm, or the SiLU product for the down
+    projection, + the lane's activation quantizer) instead of that op's launch and a quantizer launch; the
+    down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). Off by default: bit-equal X̂ for the kernel's normed
     activation under the interpreter and compiled offline for sm_90, not yet timed on a GPU.
     """
 
@@ -130,7 +131,7 @@ class GraphSampler(Sampler):
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
         self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
         self._fns = functions(compile_=cuda) if use_fused else None
-        self._packed = PackedLinears(self.view) if use_fused and pack else None
+        self._packed = PackedLinears(self.view, down=bool(norm_quant)) if use_fused and pack else None
         if self._packed is not None and not self._packed.any:
             self._packed = None
         if norm_quant not in (True, False):
@@ -410,7 +411,8 @@ class GraphSampler(Sampler):
             def attend(q, k, v, scale):
                 return attn.decode_attention_ref(q, k, v, mask, scale)
         logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns,
-                               self._packed.layers if self._packed is not None else None, self.norm_quant)
+                               self._packed.layers if self._packed is not None else None, self.norm_quant,
+                               self._packed.down if self._packed is not None else None)
         st.step += 1
         self._record(st, b, logits, params)
         st.pos[:b] += 1

@@ -16,7 +16,9 @@ Two kinds of group are packed:
   ``DECODE_MAX_ROWS`` rows; at fewer rows (where the modules run the packed-FP4 decode kernel) and whenever
   ``fast_lane.call_ok`` refuses the input, :meth:`Packed.__call__` returns None and the modules run.
 
-Other linears are not packed. The packed copies are extra memory (``nbytes``), allocated once so that
+Other linears are not packed, except that a sampler fusing the NVFP4 activation quantization into the ops
+before the GEMMs (``down=True``) also keeps each lane-eligible down projection's Ŵ as a one-module group. The
+packed copies are extra memory (``nbytes``), allocated once so that
 captured graphs read fixed addresses, and refreshed from the live parameters (or the modules' current
 quantized weights) by :meth:`PackedLinears.refresh` before every batch's decode (one device copy per
 weight), so they follow the optimizer's in-place updates and the weight sync.
@@ -64,13 +66,13 @@ class Packed:
     lane: tuple | None = None
 
     def takes_deq(self, like: torch.Tensor) -> bool:
-        """Whether the group, given an input with ``like``'s rows, dtype and layout ([..., K]), runs the lane's
+        """Whether the group, given an input with ``like``'s rows, dtype and device ([..., K]), runs the lane's
         GEMM on X̂ (so :meth:`from_deq` may take an X̂ made elsewhere) rather than its modules."""
         if self.lane is None:
             return False
-        from minite_kernels.modules.fast_lane import call_ok
+        from minite_kernels.modules.fast_lane import deq_ok
 
-        return call_ok(self.lane, like.reshape(-1, like.shape[-1]), self.weight)
+        return deq_ok(self.lane, like.reshape(-1, like.shape[-1]), self.weight)
 
     def from_deq(self, x_hat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """The group's outputs from X̂ = deq(Q_token(x)) [rows, K] made elsewhere, shaped ``shape[:-1] + [N]``
@@ -94,20 +96,25 @@ class Packed:
 
 
 class PackedLinears:
-    """Per layer ``(qkv, gate_up)``: a :class:`Packed` group or None where not packed."""
+    """Per layer ``(qkv, gate_up)``: a :class:`Packed` group or None where not packed. With ``down=True``, also
+    ``down[i]``: layer i's down projection as a one-module group when it is on the NVFP4 fast lane (so that the
+    decode step can hand it an X̂ made with the SiLU product, ``backends/triton/norm_quant.py``), else None."""
 
-    def __init__(self, view) -> None:
+    def __init__(self, view, *, down: bool = False) -> None:
         self.layers: list[tuple] = []
+        self.down: list[Packed | None] | None = [] if down else None
         self._sources: list[tuple] = []  # (packed buffer, source modules or tensors, lane or None)
         for layer in view.layers:
             a, mlp = layer.self_attn, layer.mlp
             qkv = self._group([a.q_proj, a.k_proj, a.v_proj])
             gu = self._group([mlp.gate_proj, mlp.up_proj]) if hasattr(mlp, "gate_proj") else None
             self.layers.append((qkv, gu))
+            if self.down is not None:
+                self.down.append(self._group([mlp.down_proj], lane_only=True))
 
-    def _group(self, mods: list) -> Packed | None:
+    def _group(self, mods: list, *, lane_only: bool = False) -> Packed | None:
         lane = None
-        if not _plain(*mods):
+        if lane_only or not _plain(*mods):
             lane = _shared_lane(mods)
             if lane is None:
                 return None

@@ -76,6 +76,13 @@ def call_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     """Per-call conditions (cheap first): a BF16 contiguous input at an even offset and a BF16 weight, K within
     the kernel's limit, the options at the values the lane reproduces, and the backend's own check (device,
     GEMM formulation, decode routing)."""
+    return x2d.is_contiguous() and x2d.storage_offset() % 2 == 0 and deq_ok(lane, x2d, weight)
+
+
+def deq_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
+    """:func:`call_ok` without the conditions on ``x2d``'s layout: whether the lane runs for an input with
+    ``x2d``'s rows, dtype and device, i.e. whether an X̂ made elsewhere (contiguous) may stand in for its
+    quantizer's."""
     m, k = x2d.shape
     opts = options()
     return (
@@ -84,8 +91,6 @@ def call_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
         and k <= MAX_K
         and k % 16 == 0
         and m > 0
-        and x2d.is_contiguous()
-        and x2d.storage_offset() % 2 == 0
         and opts.lane == "auto"
         and opts.save_activations == "dequantized"
         and lane[2].lane_accepts(x2d)

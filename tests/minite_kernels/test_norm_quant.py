@@ -1,8 +1,9 @@
-"""``backends/triton/norm_quant.py``: residual add + RMSNorm + per-token NVFP4 quantize-dequantize in one kernel.
+"""``backends/triton/norm_quant.py``: residual add + RMSNorm (and SiLU-gated product) + per-token NVFP4
+quantize-dequantize in one kernel.
 
-Against the pure-PyTorch reference: the residual bit for bit; the normed activation within one BF16 step
-(another summation order, the GPU's approximate rsqrt); and X̂ bit for bit equal to the reference quantizer
-(``formats.quantize_nvfp4`` per token, dequantized to BF16) of the kernel's own normed activation. The kernels
+Against the pure-PyTorch reference: the residual bit for bit; the activation within one BF16 step (another
+summation order, the GPU's approximate rsqrt, Triton's exp); and X̂ bit for bit equal to the reference quantizer
+(``formats.quantize_nvfp4`` per token, dequantized to BF16) of the kernel's own activation. The kernels
 run under Triton's CPU interpreter (a subprocess with ``TRITON_INTERPRET=1``) and compiled on a GPU (``-m gpu``).
 """
 
@@ -12,6 +13,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minite_kernels.formats.nvfp4 import quantize_nvfp4
 from rollout.fused import rms_norm
@@ -54,6 +56,21 @@ def _check(m: int, k: int, device, residual: bool, seed: int = 0) -> None:
     assert torch.equal(deq.view(torch.int16), ref.view(torch.int16))
 
 
+def _check_silu(m: int, k: int, device, seed: int = 0) -> None:
+    from minite_kernels.backends.triton.norm_quant import silu_mul_deq
+
+    g, u, _ = _inputs(m, k, device, seed)
+    gu = torch.cat((g, u), dim=-1)  # the decode step's layout: g and u are the two halves of one GEMM output
+    g, u = gu[:, :k], gu[:, k:]
+    deq, x = silu_mul_deq(g, u, write_x=True)
+    steps = _bf16_steps_apart(x, F.silu(g) * u)
+    assert int(steps.max()) <= 1, int(steps.max())
+    assert float((steps == 0).float().mean()) >= 0.99
+    ref = quantize_nvfp4(x, scaling="per_token", tile=(1, 16)).dequantize(torch.bfloat16)
+    assert torch.equal(deq.view(torch.int16), ref.view(torch.int16))
+    assert silu_mul_deq(g, u)[1] is None
+
+
 def _worked_example(device) -> None:
     from minite_kernels.backends.triton.norm_quant import add_rms_norm_deq
 
@@ -72,7 +89,7 @@ def _bad_inputs(device) -> None:
     h, y, w = _inputs(2, 32, device)
     with pytest.raises(ValueError, match="K must be a multiple of 16"):
         add_rms_norm_deq(h[:, :24].contiguous(), None, w[:24].contiguous(), 1e-6)
-    with pytest.raises(ValueError, match="y must be a contiguous bfloat16 tensor of shape"):
+    with pytest.raises(ValueError, match="y must be a bfloat16 tensor of shape"):
         add_rms_norm_deq(h, y.float(), w, 1e-6)
 
 
@@ -88,6 +105,12 @@ def test_interp_matches_reference(m, k, residual):
 
 
 @_interp_only
+@pytest.mark.parametrize("m,k", [(1, 16), (5, 3072)])
+def test_interp_silu_mul_matches_reference(m, k):
+    _check_silu(m, k, "cpu")
+
+
+@_interp_only
 def test_interp_worked_example_and_bad_inputs():
     _worked_example("cpu")
     _bad_inputs("cpu")
@@ -100,5 +123,7 @@ def test_gpu_matches_reference():
         pytest.skip("needs CUDA")
     for m, k, residual in ((1, 16, True), (64, 1024, True), (64, 1024, False), (8, 2560, True), (4, 9728, True)):
         _check(m, k, "cuda", residual, seed=m + k)
+    for m, k in ((1, 16), (64, 3072), (8, 9728)):
+        _check_silu(m, k, "cuda", seed=m + k)
     _worked_example("cuda")
     _bad_inputs("cuda")

@@ -288,3 +288,17 @@ def test_norm_quant_kernel_keeps_rows_in_registers(nb, residual):
     assert "ttg.convert_layout" not in ttgir
     lanes = _load_tile_lanes(ttgir)
     assert lanes[0] == 32, lanes
+
+
+@pytest.mark.parametrize("nb", [192, 608])
+def test_silu_mul_quant_kernel_keeps_rows_in_registers(nb):
+    """``norm_quant._silu_mul_deq_kernel`` (MLP widths 3072 and 9728: 192 and 608 blocks) compiles for sm_90 with
+    the block-major load tile and no layout conversion."""
+    from minite_kernels.backends.triton.norm_quant import _silu_mul_deq_kernel, _warps
+
+    nb = triton.next_power_of_2(nb)
+    types = {"g_ptr": "*bf16", "u_ptr": "*bf16", "x_ptr": "*bf16", "deq_ptr": "*bf16", "M": "i32", "NBK": "i32",
+             "stride_g": "i32", "stride_u": "i32"}
+    ttgir = _ttgir(_silu_mul_deq_kernel, types, {"NB": nb, "WRITE_X": False, "RNE_INT": False}, _warps(nb))
+    assert "ttg.convert_layout" not in ttgir
+    assert _load_tile_lanes(ttgir)[0] == 32

@@ -500,9 +500,9 @@ def test_graph_sampler_kernels_under_interpreter_in_subprocess(run_interp_tests)
 
 @_interp_only
 def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
-    """``norm_quant=True``: the packed NVFP4 groups take X̂ from the fused norm kernel (once per group and step at
-    more than 4 rows), and the engine samples what it samples without it, up to the last-bit differences of the
-    norm (another summation order)."""
+    """``norm_quant=True``: the packed NVFP4 groups and the down projections take X̂ from the fused kernels (once
+    per group and step at more than 4 rows), and the engine samples what it samples without them, up to the
+    last-bit differences of the norm (another summation order)."""
     from minite_kernels import quantize_model
     from minite_kernels.backends.triton import TritonBackend
     from minite_kernels.backends.triton import norm_quant as nq
@@ -511,8 +511,9 @@ def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
     model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
     quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
     calls = []
-    real = nq.add_rms_norm_deq
-    monkeypatch.setattr(nq, "add_rms_norm_deq", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    for name in ("add_rms_norm_deq", "silu_mul_deq"):
+        real = getattr(nq, name)
+        monkeypatch.setattr(nq, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
     prompts = _prompts(512)  # 8 rows: the lane's GEMM, not the <= 4-row decode kernel
     p = SamplingParams(max_new_tokens=3, temperature=0.0)
     plain = GraphSampler(model, tok, graphs=False, fused=True)
@@ -520,7 +521,9 @@ def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
     assert fused.describe()["norm_quant"] is True and plain.describe()["packed_quantized_groups"] == 4
     want, got = plain.generate(prompts, p), fused.generate(prompts, p)
     steps = 2  # decode steps after the prefill's token
-    assert len(calls) == steps * 4, calls  # 2 layers x (q/k/v, gate/up)
+    # per layer and step: the norms before q/k/v and gate/up, and the SiLU product before down
+    assert calls.count("add_rms_norm_deq") == steps * 4 and calls.count("silu_mul_deq") == steps * 2, calls
+    assert fused.describe()["packed_bytes"] > plain.describe()["packed_bytes"]  # the down projections' Ŵ
     _agree_up_to_first_difference(want, got, atol=0.05)
     assert sum(a.token_ids == b.token_ids for a, b in zip(want, got)) >= 6  # most rows sample the same tokens
 

@@ -1,5 +1,7 @@
-"""RMSNorm, with the residual add before it, fused with the per-token NVFP4 quantize-dequantize of its output:
-the fast lane's activation operand X̂ in the launch that makes the normed activation (report §2.2 / §5.1).
+"""The ops that make a quantized linear's input, fused with its per-token NVFP4 quantize-dequantize: the fast
+lane's activation operand X̂ in the launch that makes the activation (report §2.2 / §5.1). Two producers:
+RMSNorm with the residual add before it (``add_rms_norm_deq``) and the SiLU-gated product of an MLP
+(``silu_mul_deq``).
 
 For one BF16 row (HF's ``LlamaRMSNorm`` / ``Qwen3RMSNorm`` and the residual add before them, each rounding
 step as PyTorch's BF16 ops take it)::
@@ -9,14 +11,18 @@ step as PyTorch's BF16 ops take it)::
     x  = bf16(w * n)                                    the normed activation
     X̂  = deq(Q_token(x))                               per-token NVFP4, as ``quantize_token_deq_bf16``
 
-The decode step of the CUDA-graph sampler feeds X̂ to the packed q/k/v and gate/up GEMMs
-(``rollout/packed.py``). Without this kernel it runs the norm (one launch) and the lane's quantizer (another)
-per packed group; with it, one launch per group.
+and for the MLP's down projection input (``F.silu`` then the product, each rounded to BF16)::
+
+    x  = bf16(bf16(g / (1 + exp(-g))) * u)              X̂ = deq(Q_token(x))
+
+The decode step of the CUDA-graph sampler feeds X̂ to the packed q/k/v, gate/up and down GEMMs
+(``rollout/packed.py``). Without these kernels it runs the producer (one launch) and the lane's quantizer
+(another) per input; with them, one launch.
 
 The quantization is the BF16 per-token kernel's own device code (``quantize_bf16._token_segment_store``), fed
 with ``x`` held in registers as BF16 words, so X̂ is bit-equal to ``quantize_token_deq_bf16(x)`` for the same
-``x``. ``x`` itself may differ from a PyTorch norm of the same row in the last BF16 bit: the sum of squares
-runs in another order and ``rsqrt`` is the GPU's approximate one, as in PyTorch's CUDA kernel.
+``x``. ``x`` itself may differ from PyTorch's ops on the same row in the last BF16 bit: the sum of squares runs in
+another order, ``rsqrt`` is the GPU's approximate one (as in PyTorch's CUDA kernel) and ``exp`` Triton's.
 
 Worked example (K = 16, eps = 0, w = 1): h = [3, 4, 0, ...], y = 0 -> s = h, Σ s² / K = 25 / 16, so
 n = s / 1.25 = [2.4, 3.2, 0, ...] -> bf16 [2.40625, 3.203125, 0, ...]; the row amax 3.203125 gives
@@ -123,10 +129,17 @@ def _add_rms_norm_deq_kernel(
     xe_hi, xo_hi = _normed(se_hi, so_hi, r, w_hi, RNE_INT)
     x_lo = _words(xe_lo, xo_lo, RNE_INT)
     x_hi = _words(xe_hi, xo_hi, RNE_INT)
+    _store_x_and_deq(x_lo, x_hi, x_ptr, deq_ptr, off, mask, rows, blks, M, NBK, WRITE_X, RNE_INT)
+
+
+@triton.jit
+def _store_x_and_deq(x_lo, x_hi, x_ptr, deq_ptr, off, mask, rows, blks, M, NBK, WRITE_X: tl.constexpr,
+                     RNE_INT: tl.constexpr):
+    """Store the activation words (``WRITE_X``) and their per-token quantize-dequantize: the steps of
+    ``quantize_bf16._quant_token_kernel_bf16`` on the words in registers."""
     if WRITE_X:
         tl.store(x_ptr + off, x_lo, mask=mask)
         tl.store(x_ptr + off + 4, x_hi, mask=mask)
-    # the per-token quantizer's steps (quantize_bf16._quant_token_kernel_bf16) on the words in registers
     vmax = tl.reduce(_max_nan(_pair_absmax(x_lo), _pair_absmax(x_hi)), 2, _max_nan)  # [NB, 1]
     amax = tl.reduce(vmax, 0, _max_nan)  # [1]
     bad = ~(amax < float("inf"))
@@ -138,6 +151,75 @@ def _add_rms_norm_deq_kernel(
         rows, blks, M, NBK,
         False, False, False, True, RNE_INT,
     )
+
+
+@triton.jit
+def _silu(v, RNE_INT: tl.constexpr):
+    """bf16(v / (1 + exp(-v))) (``F.silu`` on BF16: fp32 math, one rounding)."""
+    return _round(tl.math.div_rn(v, 1.0 + tl.exp(-v)), RNE_INT)
+
+
+@triton.jit
+def _silu_mul_halves(gw, uw, RNE_INT: tl.constexpr):
+    """(even, odd) fp32 halves of bf16(silu(g) * u) for words ``gw`` / ``uw``."""
+    ge = (gw << 16).to(tl.float32, bitcast=True)
+    go = (gw & -65536).to(tl.float32, bitcast=True)
+    ue = (uw << 16).to(tl.float32, bitcast=True)
+    uo = (uw & -65536).to(tl.float32, bitcast=True)
+    return _round(_silu(ge, RNE_INT) * ue, RNE_INT), _round(_silu(go, RNE_INT) * uo, RNE_INT)
+
+
+@triton.jit
+def _silu_mul_deq_kernel(
+    g_ptr,
+    u_ptr,
+    x_ptr,
+    deq_ptr,
+    M,
+    NBK,
+    stride_g,
+    stride_u,
+    NB: tl.constexpr,
+    WRITE_X: tl.constexpr,
+    RNE_INT: tl.constexpr,
+):
+    """One row per program, as ``_add_rms_norm_deq_kernel``; ``g`` and ``u`` rows ``stride_*`` words apart (the
+    two halves of a gate/up GEMM's output)."""
+    g_ptr = g_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    u_ptr = u_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    x_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    deq_ptr = deq_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    blks = tl.arange(0, NB)
+    stride = NBK * 8
+    g_lo, g_hi = _load_halves(g_ptr, rows, blks, M, NBK, stride_g)
+    u_lo, u_hi = _load_halves(u_ptr, rows, blks, M, NBK, stride_u)
+    xe_lo, xo_lo = _silu_mul_halves(g_lo, u_lo, RNE_INT)
+    xe_hi, xo_hi = _silu_mul_halves(g_hi, u_hi, RNE_INT)
+    j = tl.arange(0, 4)
+    off = blks[:, None, None] * 8 + rows[None, :, None] * stride + j[None, None, :]
+    mask = (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
+    _store_x_and_deq(_words(xe_lo, xo_lo, RNE_INT), _words(xe_hi, xo_hi, RNE_INT), x_ptr, deq_ptr, off, mask,
+                     rows, blks, M, NBK, WRITE_X, RNE_INT)
+
+
+def _check(fn: str, operands, k: int, *, row_strided: bool = False) -> None:
+    """BF16 operands of the given shapes, contiguous (``row_strided``: rows may be apart, each contiguous, at
+    an even element stride), starting at an even element (they are read as 32-bit words)."""
+    for name, t, shape in operands:
+        if t is None:
+            continue
+        layout_ok = t.is_contiguous() or (row_strided and t.dim() == 2 and t.stride(1) == 1 and t.stride(0) % 2 == 0)
+        if t.dtype != torch.bfloat16 or tuple(t.shape) != shape or not layout_ok:
+            want = "rows contiguous at an even stride" if row_strided else "contiguous"
+            raise ValueError(
+                f"{fn}: {name} must be a bfloat16 tensor of shape {shape}, {want}; got {t.dtype} {tuple(t.shape)} "
+                f"strides {t.stride()}"
+            )
+        if t.data_ptr() % 4:
+            raise ValueError(f"{fn}: {name} must start at an even element (read as 32-bit words)")
+    if k % 16 or not 0 < k <= MAX_K:
+        raise ValueError(f"{fn}: K must be a multiple of 16 in [16, {MAX_K}]; got {k}")
 
 
 def _warps(nb: int) -> int:
@@ -153,18 +235,7 @@ def add_rms_norm_deq(
     docstring): the new residual (None without ``y``), the quantize-dequantized normed activation, and the
     normed activation itself with ``write_x`` (else None). K % 16 == 0, K <= 16384, contiguous operands."""
     m, k = h.shape
-    for name, t, shape in (("h", h, (m, k)), ("y", y, (m, k)), ("w", w, (k,))):
-        if t is None:
-            continue
-        if t.dtype != torch.bfloat16 or tuple(t.shape) != shape or not t.is_contiguous():
-            raise ValueError(
-                f"add_rms_norm_deq: {name} must be a contiguous bfloat16 tensor of shape {shape}; got "
-                f"{t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}"
-            )
-        if t.data_ptr() % 4:
-            raise ValueError(f"add_rms_norm_deq: {name} must start at an even element (read as 32-bit words)")
-    if k % 16 or not 0 < k <= MAX_K:
-        raise ValueError(f"add_rms_norm_deq: K must be a multiple of 16 in [16, {MAX_K}]; got {k}")
+    _check("add_rms_norm_deq", (("h", h, (m, k)), ("y", y, (m, k)), ("w", w, (k,))), k)
     deq = torch.empty_like(h)
     h_out = torch.empty_like(h) if y is not None else None
     x = torch.empty_like(h) if write_x else None
@@ -188,3 +259,20 @@ def add_rms_norm_deq(
             num_warps=_warps(nb),
         )
     return h_out, deq, x
+
+
+def silu_mul_deq(g: torch.Tensor, u: torch.Tensor, *, write_x: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(X̂, x)`` for the SiLU-gated product ``x = silu(g) * u`` of BF16 rows ``g``, ``u`` [M, K] (see the module
+    docstring): its quantize-dequantize, and ``x`` itself with ``write_x`` (else None). Rows of ``g`` and ``u``
+    may be apart (the two column halves of one [M, 2K] tensor), each contiguous; X̂ and x are contiguous."""
+    m, k = g.shape
+    _check("silu_mul_deq", (("g", g, (m, k)), ("u", u, (m, k))), k, row_strided=True)
+    deq = torch.empty_like(g)
+    x = torch.empty_like(g) if write_x else None
+    if m:
+        nb = triton.next_power_of_2(k // 16)
+        _silu_mul_deq_kernel[(m,)](
+            g, u, x if x is not None else deq, deq, m, k // 16, g.stride(0) // 2, u.stride(0) // 2,
+            NB=nb, WRITE_X=write_x, RNE_INT=interpret_mode(), num_warps=_warps(nb),
+        )
+    return deq, x
