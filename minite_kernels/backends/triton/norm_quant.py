@@ -26,9 +26,9 @@ another order, ``rsqrt`` is the GPU's approximate one (as in PyTorch's CUDA kern
 
 Worked example (K = 16, eps = 0, w = 1): h = [3, 4, 0, ...], y = 0 -> s = h, Σ s² / K = 25 / 16, so
 n = s / 1.25 = [2.4, 3.2, 0, ...] -> bf16 [2.40625, 3.203125, 0, ...]; the row amax 3.203125 gives
-S_enc = 2688 / 3.203125 = 839.2, the block scale e4m3(3.203125 * 839.2 / 6) = 448, and the scaled values 2.40625 * 6 / 3.203125 = 4.507 and
-6 round to the E2M1 values 4 and 6 -> X̂ = [2.1354, 3.2031, 0, ...] (4 and 6 times 3.203125 / 6, each
-rounded to bf16).
+S_enc = 2688 / 3.203125 = 839.2 and the block scale e4m3(3.203125 * 839.2 / 6) = 448; the scaled values
+2.40625 * 6 / 3.203125 = 4.507 and 6 round to the E2M1 values 4 and 6, so X̂ = [2.1354, 3.2031, 0, ...]
+(4 and 6 times 3.203125 / 6, each rounded to bf16).
 """
 
 from __future__ import annotations
@@ -43,6 +43,21 @@ from .quantize_bf16 import _bf16_bits, _load_halves, _max_nan, _pair_absmax, _to
 
 #: the widest row the kernel holds in registers (as the BF16 per-token kernel)
 MAX_K = 16384
+
+
+@triton.jit
+def _as_words(p):
+    """``p`` addressed as int32 words (two BF16 values each)."""
+    return p.to(tl.pointer_type(tl.int32), bitcast=True)
+
+
+@triton.jit
+def _tile(rows, blks, M, NBK, stride):
+    """(word offsets, mask) of words 0..3 of each block in ``_load_halves``' block-major [NB, 1, 4] tile; words
+    4..7 are at ``offsets + 4``. Outputs are contiguous rows of ``stride`` words."""
+    j = tl.arange(0, 4)
+    off = blks[:, None, None] * 8 + rows[None, :, None] * stride + j[None, None, :]
+    return off, (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
 
 
 @triton.jit
@@ -100,25 +115,18 @@ def _add_rms_norm_deq_kernel(
     RNE_INT: tl.constexpr,
 ):
     """One row per program, held in registers as block-major [NB, 1, 4] word tiles (``_load_halves``)."""
-    h_ptr = h_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    y_ptr = y_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    w_ptr = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    hout_ptr = hout_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    x_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    deq_ptr = deq_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     rows = tl.program_id(0) + tl.arange(0, 1)
     blks = tl.arange(0, NB)
     stride = NBK * 8
-    h_lo, h_hi = _load_halves(h_ptr, rows, blks, M, NBK, stride)
+    h_lo, h_hi = _load_halves(_as_words(h_ptr), rows, blks, M, NBK, stride)
     y_lo, y_hi = h_lo, h_hi
     if HAS_Y:
-        y_lo, y_hi = _load_halves(y_ptr, rows, blks, M, NBK, stride)
-    w_lo, w_hi = _load_halves(w_ptr, rows * 0, blks, 1, NBK, 0)
+        y_lo, y_hi = _load_halves(_as_words(y_ptr), rows, blks, M, NBK, stride)
+    w_lo, w_hi = _load_halves(_as_words(w_ptr), rows * 0, blks, 1, NBK, 0)
     se_lo, so_lo = _residual(h_lo, y_lo, HAS_Y, RNE_INT)
     se_hi, so_hi = _residual(h_hi, y_hi, HAS_Y, RNE_INT)
-    j = tl.arange(0, 4)
-    off = blks[:, None, None] * 8 + rows[None, :, None] * stride + j[None, None, :]
-    mask = (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
+    off, mask = _tile(rows, blks, M, NBK, stride)
+    hout_ptr = _as_words(hout_ptr)
     if HAS_Y:
         tl.store(hout_ptr + off, _words(se_lo, so_lo, RNE_INT), mask=mask)
         tl.store(hout_ptr + off + 4, _words(se_hi, so_hi, RNE_INT), mask=mask)
@@ -129,7 +137,8 @@ def _add_rms_norm_deq_kernel(
     xe_hi, xo_hi = _normed(se_hi, so_hi, r, w_hi, RNE_INT)
     x_lo = _words(xe_lo, xo_lo, RNE_INT)
     x_hi = _words(xe_hi, xo_hi, RNE_INT)
-    _store_x_and_deq(x_lo, x_hi, x_ptr, deq_ptr, off, mask, rows, blks, M, NBK, WRITE_X, RNE_INT)
+    _store_x_and_deq(x_lo, x_hi, _as_words(x_ptr), _as_words(deq_ptr), off, mask, rows, blks, M, NBK, WRITE_X,
+                     RNE_INT)
 
 
 @triton.jit
@@ -185,22 +194,15 @@ def _silu_mul_deq_kernel(
 ):
     """One row per program, as ``_add_rms_norm_deq_kernel``; ``g`` and ``u`` rows ``stride_*`` words apart (the
     two halves of a gate/up GEMM's output)."""
-    g_ptr = g_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    u_ptr = u_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    x_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    deq_ptr = deq_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     rows = tl.program_id(0) + tl.arange(0, 1)
     blks = tl.arange(0, NB)
-    stride = NBK * 8
-    g_lo, g_hi = _load_halves(g_ptr, rows, blks, M, NBK, stride_g)
-    u_lo, u_hi = _load_halves(u_ptr, rows, blks, M, NBK, stride_u)
+    g_lo, g_hi = _load_halves(_as_words(g_ptr), rows, blks, M, NBK, stride_g)
+    u_lo, u_hi = _load_halves(_as_words(u_ptr), rows, blks, M, NBK, stride_u)
     xe_lo, xo_lo = _silu_mul_halves(g_lo, u_lo, RNE_INT)
     xe_hi, xo_hi = _silu_mul_halves(g_hi, u_hi, RNE_INT)
-    j = tl.arange(0, 4)
-    off = blks[:, None, None] * 8 + rows[None, :, None] * stride + j[None, None, :]
-    mask = (blks[:, None, None] < NBK) & (rows[None, :, None] < M)
-    _store_x_and_deq(_words(xe_lo, xo_lo, RNE_INT), _words(xe_hi, xo_hi, RNE_INT), x_ptr, deq_ptr, off, mask,
-                     rows, blks, M, NBK, WRITE_X, RNE_INT)
+    off, mask = _tile(rows, blks, M, NBK, NBK * 8)
+    _store_x_and_deq(_words(xe_lo, xo_lo, RNE_INT), _words(xe_hi, xo_hi, RNE_INT), _as_words(x_ptr),
+                     _as_words(deq_ptr), off, mask, rows, blks, M, NBK, WRITE_X, RNE_INT)
 
 
 def _check(fn: str, operands, k: int, *, row_strided: bool = False) -> None:
