@@ -102,8 +102,9 @@ class GraphSampler(Sampler):
     ``norm_quant``: with packed NVFP4 groups, make each group's X̂ in the launch of the op before it
     (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm, or the SiLU product for the down
     projection, + the lane's activation quantizer) instead of that op's launch and a quantizer launch; the
-    down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). Off by default: bit-equal X̂ for the kernel's normed
-    activation under the interpreter and compiled offline for sm_90, not yet timed on a GPU.
+    down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). Off by default:
+    X̂ is checked bit for bit under the interpreter and the kernels compile offline for sm_90, but they have
+    not been timed on a GPU.
     """
 
     name = "graph"

@@ -92,8 +92,8 @@ class RolloutConfig:
     # auto: the CUDA-graph engine on CUDA (reference loop for models it does not reproduce), the loop on CPU;
     # graph: the engine everywhere (eager off CUDA); loop: the reference loop (rollout.local)
     sampler: Literal["auto", "graph", "loop"] = "auto"
-    # the graph engine makes the packed NVFP4 projections' activation operand in the launch of the norm before
-    # them (rollout.graph_sampler, norm_quant); off until timed on a GPU
+    # the graph engine makes the NVFP4 projections' quantized activation in the launch of the op before them
+    # (the norm, the SiLU product: rollout.graph_sampler norm_quant); off until timed on a GPU
     norm_quant: bool = False
 
 
