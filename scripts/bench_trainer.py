@@ -72,10 +72,12 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
     import torch
 
     if profile is not None and profile[0] == "host":
-        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         out, tops = host_top(fn)
-        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         store[key] = time.perf_counter() - t0
         store.setdefault("host_profile", {})[key] = tops
         return out
