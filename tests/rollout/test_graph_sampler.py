@@ -46,16 +46,16 @@ def _compare(ref, got, atol: float) -> None:
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), atol=atol, rtol=0)
 
 
-def _agree_up_to_first_difference(ref, got, atol: float = 0.05) -> None:
+def _agree_up_to_first_difference(ref, got, atol: float = 0.05, min_share: float = 0.5) -> None:
     """bf16 paths that reduce in other orders may part after a near-tie: up to each row's first differing token
-    the log-probs agree within ``atol``, and at least half of all tokens come before such a parting."""
+    the log-probs agree within ``atol``, and at least ``min_share`` of all tokens come before such a parting."""
     worst, same = 0.0, 0
     for r, g in zip(ref, got):
         n = next((i for i, (x, y) in enumerate(zip(r.token_ids, g.token_ids)) if x != y), len(r.token_ids))
         same += n
         if n:
             worst = max(worst, max(abs(x - y) for x, y in zip(r.logprobs[:n], g.logprobs[:n])))
-    assert worst < atol and same >= 0.5 * sum(len(r.token_ids) for r in ref), (worst, same)
+    assert worst < atol and same >= min_share * sum(len(r.token_ids) for r in ref), (worst, same)
 
 
 PARAMS = [
@@ -374,16 +374,23 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
 
 @gpu
 def test_gpu_norm_quant_inside_the_graph():
-    """``norm_quant=True`` captured: the fused norm + quantizer kernel replays inside the graph and the engine
-    samples what it samples without it, up to the norm's last-bit differences."""
+    """``norm_quant=True`` captured: the fused norm + quantizer kernel replays inside the graph, equal to the
+    same engine run eagerly, and the engine samples close to what it samples without it.
+
+    Not equal: the fused norm's activation may differ from PyTorch's in the last BF16 bit (another summation
+    order), and NVFP4 turns such a bit into a whole E2M1 step of that element when it crosses a rounding
+    boundary. On this random 2-layer model, greedy, the log-probs before each row's first parting differed by up
+    to 0.097 on the H200, and 57 of the 128 tokens came before a parting (bf16 paths stay within 0.05); the
+    bounds below leave room for that and still fail on a wrong X̂ (``test_gpu_matches_reference`` checks X̂
+    itself bit for bit)."""
     model, tok, _ = _nvfp4_model()
     prompts = _prompts(512)
     p = SamplingParams(max_new_tokens=16, temperature=0.0)
     want = GraphSampler(model, tok, graphs=True).generate(prompts, p)
     eng = GraphSampler(model, tok, graphs=True, norm_quant=True)
     got = _replayed(eng, lambda: eng.generate(prompts, p))
-    _agree_up_to_first_difference(want, got, atol=0.05)
     _compare(GraphSampler(model, tok, graphs=False, norm_quant=True).generate(prompts, p), got, atol=0.0)
+    _agree_up_to_first_difference(want, got, atol=0.2, min_share=0.25)
 
 
 def _prefill(model, prompts):
