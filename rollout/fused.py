@@ -8,13 +8,17 @@ fuse each into one or two kernels:
     rms_norm(x, w)        = w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)            (x32 = x in fp32)
     add_rms_norm(h, y, w) = (h + y, rms_norm(h + y, w))                                 (residual, then norm)
     qk_norm_rope(q, k)    = rope(rms_norm(q, wq)), rope(rms_norm(k, wk))                (per head; Qwen3)
+    qk_norm_rope_store    = qk_norm_rope, with k and v written into their KV-cache slot       (returns q)
     rope(x)               = x * cos + rotate_half(x) * sin,  rotate_half([a, b]) = [-b, a]
     silu_mul(g, u)        = silu(g) * u
+    draw                  = ``rollout.sampling.draw``: processed logits, row uniforms, token and its log-prob
 
-Eagerly they are op for op HF's LlamaRMSNorm / Qwen3RMSNorm, ``apply_rotary_pos_emb`` and the SiLU MLP, so
-on CPU (where they are not compiled) the engine's numbers are HF's bit for bit. Compiled, inductor keeps the
-intermediates of a fused kernel in fp32 instead of rounding each to the model dtype, so bf16 results may
-differ from HF's by a bf16 rounding step; fp32 results by reduction order only.
+Eagerly they are op for op HF's LlamaRMSNorm / Qwen3RMSNorm, ``apply_rotary_pos_emb`` and the SiLU MLP (and
+the draw is the reference loop's), so on CPU (where they are not compiled) the engine's numbers are HF's bit
+for bit. Compiled, inductor keeps the intermediates of a fused kernel in fp32 instead of rounding each to the
+model dtype, so bf16 results may differ from HF's by a bf16 rounding step; fp32 results by reduction order only
+(the draw's log-probs by a few fp32 ulps, and its token only where a uniform falls within such an ulp of a
+cumulative-probability boundary).
 
 Worked example: rms_norm([3, 4], w = [1, 1], eps = 0) = [3, 4] / sqrt((9 + 16) / 2) = [0.8485, 1.1314].
 """
@@ -24,6 +28,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from rollout.sampling import draw
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,12 +64,24 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor | None, wk: 
     return rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin)
 
 
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor | None,
+                       wk: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                       keys: torch.Tensor, values: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """:func:`qk_norm_rope`, then this step's k and v (``v`` [B, 1, Hkv, D]) written into slot ``slot`` (int64
+    [1]) of the cache views ``keys`` / ``values`` [B, Hkv, S, D]; returns the rotated q. Compiled, the two cache
+    writes become stores of the kernel that makes k instead of two launches of their own."""
+    q, k = qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    keys.index_copy_(2, slot, k)
+    values.index_copy_(2, slot, v.transpose(1, 2))
+    return q
+
+
 def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
-FUNCTIONS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope,
-             "silu_mul": silu_mul}
+FUNCTIONS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope_store": qk_norm_rope_store,
+             "silu_mul": silu_mul, "draw": draw}
 
 
 @functools.lru_cache(maxsize=None)

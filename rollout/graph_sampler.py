@@ -41,8 +41,8 @@ from rollout.decoder import decode_logits, decoder_view
 from rollout.fused import functions
 from rollout.local import DRAW, Completion, Sampler, SamplingParams, left_pad
 from rollout.packed import PackedLinears
-from rollout.rng import row_uniforms, seed_word
-from rollout.sampling import process_logits, sample_tokens
+from rollout.rng import seed_word
+from rollout.sampling import draw
 
 #: the cache length grows in these steps (a longer call re-allocates the cache and re-captures); a decode
 #: step attends over the first multiple of SEQ_ROUND slots that holds its slot (one graph per such length)
@@ -376,10 +376,8 @@ class GraphSampler(Sampler):
     # ------------------------------------------------------------------------------------------ step
     def _record(self, st: _State, b: int, logits: torch.Tensor, params: SamplingParams) -> None:
         """Sample token ``step`` of the first ``b`` slots from ``logits`` and record it (device only)."""
-        greedy = params.temperature == 0
-        z = process_logits(logits, params.temperature, params.top_k, params.top_p)
-        u = None if greedy else row_uniforms(st.key, st.rng_row[:b], st.step)
-        tok, lp = sample_tokens(z, u, greedy=greedy)
+        fn = self._fns["draw"] if self._fns is not None else draw
+        tok, lp = fn(logits, params.temperature, params.top_k, params.top_p, st.key, st.rng_row[:b], st.step)
         done = st.done[:b]
         dst = torch.where(done, st.rows, st.row[:b])
         at = st.step.expand(b)

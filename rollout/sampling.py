@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rollout.rng import row_uniforms
+
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
                    ) -> torch.Tensor:
@@ -79,3 +81,14 @@ def sample_tokens(processed: torch.Tensor, u: torch.Tensor | None = None, *, gre
             raise ValueError("sampling needs one uniform per row (u); pass greedy=True for argmax decoding")
         tokens = inverse_cdf_sample(logp.exp(), u)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, key: torch.Tensor,
+         rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's draw: :func:`process_logits`, the uniforms of stream rows ``rows`` at token index
+    ``step`` (``rollout.rng.row_uniforms`` with the folded ``key``; none when greedy) and :func:`sample_tokens`.
+    The CUDA-graph engine compiles it (``rollout.fused``), which turns some thirty small kernels into a few."""
+    greedy = temperature == 0
+    z = process_logits(logits, temperature, top_k, top_p)
+    u = None if greedy else row_uniforms(key, rows, step)
+    return sample_tokens(z, u, greedy=greedy)

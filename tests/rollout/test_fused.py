@@ -1,0 +1,50 @@
+"""The decode step's fused functions (``rollout/fused.py``): compiled (inductor's C++ on the CPU, Triton on CUDA:
+``-m gpu`` on the H200), they compute what they compute eagerly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout.fused import FUNCTIONS, compiled
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_rope_store_writes_the_cache_slot_in_place(device):
+    """``qk_norm_rope_store`` under ``torch.compile`` (inductor, here for the CPU) writes k and v into the slot of
+    the cache views it is given, the caller's own storage (two views of one cache tensor, as the engine's), and
+    leaves every other slot as it was; q and the written values equal the eager function's (fp32: reduction
+    order only)."""
+    g = torch.Generator().manual_seed(0)
+    b, hq, hkv, d, s = 3, 4, 2, 16, 7
+    q, k, v = (torch.randn(b, 1, h, d, generator=g).to(device) for h in (hq, hkv, hkv))
+    wq, wk = torch.randn(d, generator=g).to(device), torch.randn(d, generator=g).to(device)
+    cos, sin = torch.randn(b, 1, d, generator=g).to(device), torch.randn(b, 1, d, generator=g).to(device)
+    slot = torch.tensor([4], device=device)
+    outs = []
+    for fn in (FUNCTIONS["qk_norm_rope_store"], compiled("qk_norm_rope_store")):
+        cache = torch.full((2, b, hkv, s, d), -7.0, device=device)
+        q_out = fn(q, k, v, wq, wk, 1e-6, cos, sin, cache[0], cache[1], slot)
+        outs.append((q_out, cache))
+    (q_eager, want), (q_comp, got) = outs
+    torch.testing.assert_close(q_comp, q_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1, :, :, 4], v.transpose(1, 2)[:, :, 0])  # v is copied, not computed
+    others = torch.ones(s, dtype=torch.bool, device=device)
+    others[4] = False
+    assert (got[:, :, :, others] == -7.0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 50, 0.9), (0.0, -1, 1.0)])
+def test_compiled_draw_matches_eager(temperature, top_k, top_p, device):
+    """The draw compiled (inductor, here for the CPU) takes the tokens the eager draw takes and their log-probs
+    within a few fp32 ulps (its softmax reduces in another order)."""
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(6, 3000, generator=g) * 4).to(device=device, dtype=torch.bfloat16)
+    key, rows, step = (torch.tensor(x, device=device) for x in (0x2545F491, [0, 5, 2, 9, 4, 1], 7))
+    want = FUNCTIONS["draw"](logits, temperature, top_k, top_p, key, rows, step)
+    got = compiled("draw")(logits, temperature, top_k, top_p, key, rows, step)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
