@@ -84,11 +84,26 @@ FUNCTIONS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope_s
              "silu_mul": silu_mul, "draw": draw}
 
 
+#: compiled variants each function may hold. A process compiles one per model dtype, head layout (with or
+#: without q/k norms) and sampling setting it meets (a trainer with eval: a few; the test suite: dozens), and
+#: with ``fullgraph=True`` Dynamo's default of 8 is a hard error, not a fallback.
+RECOMPILE_LIMIT = 64
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(name: str):
     """``torch.compile`` of one of :data:`FUNCTIONS` (dynamic batch, one graph, no CUDA graphs of its own:
-    the engine captures the whole step itself)."""
-    return torch.compile(FUNCTIONS[name], dynamic=True, fullgraph=True)
+    the engine captures the whole step itself), called under :data:`RECOMPILE_LIMIT`. The engine calls it
+    only in eager steps (a graph's capture and warm-up), so the config patch per call costs nothing per
+    replayed token."""
+    fn = torch.compile(FUNCTIONS[name], dynamic=True, fullgraph=True)
+
+    @functools.wraps(FUNCTIONS[name])
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return fn(*args)
+
+    return call
 
 
 def functions(compile_: bool) -> dict:

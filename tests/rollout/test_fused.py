@@ -48,3 +48,16 @@ def test_compiled_draw_matches_eager(temperature, top_k, top_p, device):
     got = compiled("draw")(logits, temperature, top_k, top_p, key, rows, step)
     assert torch.equal(got[0], want[0])
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
+
+
+def test_compiled_functions_take_more_variants_than_dynamos_default():
+    """More than Dynamo's default of 8 variants of one function in one process (dtypes x sampling settings)
+    compile instead of failing the ``fullgraph`` call."""
+    from rollout.fused import RECOMPILE_LIMIT
+
+    fn = compiled("silu_mul")
+    assert RECOMPILE_LIMIT > 8
+    for i in range(10):  # one variant per dtype x rank
+        dt = (torch.float32, torch.float64)[i % 2]
+        x = torch.ones((2,) * (1 + i // 2), dtype=dt)
+        torch.testing.assert_close(fn(x, x), FUNCTIONS["silu_mul"](x, x))
