@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from rollout.models import stop_token_ids
-from rollout.rng import row_uniforms, seed_word
-from rollout.sampling import process_logits, sample_tokens
+from rollout.rng import seed_word
+from rollout.sampling import draw
 
 #: what ``Completion.extra["sampling_backend"]`` and the run metadata name the draw: inverse-CDF in torch
 #: with the per-row counter streams of ``rng.py``
@@ -151,7 +151,6 @@ class LocalSampler(Sampler):
 
         dev = self.device
         stops = torch.tensor(sorted(set(self.default_stop_ids) | set(params.stop_token_ids)) or [-1], device=dev)
-        greedy = params.temperature == 0
         key = torch.tensor(seed_word(params.seed))
         B = len(prompts)
         input_ids, mask, position_ids = left_pad(prompts, self.pad_id, dev)
@@ -164,9 +163,8 @@ class LocalSampler(Sampler):
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         next_pos = position_ids[:, -1:] + 1
         for t in range(params.max_new_tokens):
-            z = process_logits(out.logits[:, -1, :], params.temperature, params.top_k, params.top_p)
-            u = None if greedy else row_uniforms(key, alive + row0, t)
-            tok, lp = sample_tokens(z, u, greedy=greedy)
+            tok, lp = draw(out.logits[:, -1, :], params.temperature, params.top_k, params.top_p, key,
+                           alive + row0, t)
             tok_l, lp_l = tok.tolist(), lp.tolist()
             rows = alive.tolist()
             for j, r in enumerate(rows):
