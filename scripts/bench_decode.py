@@ -1,5 +1,6 @@
 """Packed-FP4 decode linear on the GPU: the fp16x2 pair kernel (``decode_linear_pairs``), the plane kernel
-(``decode_linear``) and cuBLAS BF16 ``F.linear``, side by side at Qwen3-4B layer shapes (issue #6 item 3).
+(``decode_linear``, the first formulation: ``scripts/decode_planes.py``) and cuBLAS BF16 ``F.linear``, side by
+side at Qwen3-4B layer shapes (issue #6 item 3).
 All times are microseconds of CUDA-graph replay (GPU time, median).
 
 1. Per shape and batch (``decode_pairs``; skipped with ``--only-chain``): ``bf16_us``; ``pairs_us`` /
@@ -119,7 +120,7 @@ def _chain(b: int, weights: dict, rep: int, g: torch.Generator, fused: bool = Fa
         for ws in copies:
             for x, grp in zip(xs, groups):
                 sep()
-                o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
+                o, xp = quantize_for_decode(x, pdl=pdl)
                 for name in grp:
                     outs.append(decode_linear_pairs(xp, o.scales, o.amax, *ws[name][1], pdl=pdl, **kw))
         return outs
@@ -202,7 +203,7 @@ def _cold_sweep(weights: dict, batches, rep: int, g: torch.Generator, emit) -> N
         ws_fp4 = [packed] + [tuple(t.clone() for t in packed) for _ in range(cp - 1)]
         for b in batches:
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g)
-            q, xp = quantize_for_decode(x, pairs=True)
+            q, xp = quantize_for_decode(x)
             rec = {"bench": "decode_pairs_cold", "case": f"{name}_{n}x{k}_b{b}", "batch": b, "N": n, "K": k}
             rec["bf16_cold_us"] = _cold(lambda c: F.linear(x, ws_bf16[c]), cb, rep)
             rec["pairs_cold_us"] = _cold(
@@ -251,7 +252,9 @@ def main() -> int:
     from minite_kernels.backends.triton._common import pdl_capable
 
     _PDL_OK = pdl_capable(torch.empty(0, device="cuda"))
-    from minite_kernels.backends.triton.decode import decode_linear, decode_linear_pairs, quantize_for_decode
+    from decode_planes import decode_linear, quantize_planes  # the first formulation, the baseline
+
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
 
     def emit(rec: dict) -> None:
         line = json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
@@ -270,15 +273,15 @@ def main() -> int:
         weights[name] = (w, (wd, ws, wa))
         for b in batches if not args.only_chain else ():
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g)
-            qo, xpl = quantize_for_decode(x)
-            qp, xpr = quantize_for_decode(x, pairs=True)
+            qo, xpl = quantize_planes(x)
+            qp, xpr = quantize_for_decode(x)
 
             def planes():
-                o, xp = quantize_for_decode(x)
+                o, xp = quantize_planes(x)
                 return decode_linear(xp, o.amax, wd, ws, wa, x_perm=True)
 
             def pairs(pdl=None):
-                o, xp = quantize_for_decode(x, pairs=True, pdl=pdl)
+                o, xp = quantize_for_decode(x, pdl=pdl)
                 return decode_linear_pairs(xp, o.scales, o.amax, wd, ws, wa, pdl=pdl)
 
             y_pl = decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True, out_dtype=torch.float32)
@@ -303,7 +306,7 @@ def main() -> int:
                 "pairs_gemv_us": _us(
                     lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa), args.rep
                 ),
-                "act_quant_pairs_us": _us(lambda: quantize_for_decode(x, pairs=True), args.rep),
+                "act_quant_pairs_us": _us(lambda: quantize_for_decode(x), args.rep),
             }
             if args.sweep:
                 sweep = {}

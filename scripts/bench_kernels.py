@@ -409,8 +409,9 @@ def bench_linear(args):
 
 @section("decode")
 def bench_decode(args):
-    from minite_kernels.backends.triton import decode_linear, quantize_for_decode, quantize_nvfp4_triton
-    from minite_kernels.backends.triton.decode import decode_linear_pairs
+    from decode_planes import decode_linear, quantize_planes  # the first formulation, the baseline
+
+    from minite_kernels.backends.triton import decode_linear_pairs, quantize_for_decode, quantize_nvfp4_triton
 
     totals: dict[tuple, float] = {}
     for name, n, k in layer_shapes(QWEN3_4B):
@@ -420,13 +421,13 @@ def bench_decode(args):
             x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
 
             def ours():  # what the backend runs (MINITE_TRITON_DECODE=auto): one quantize launch + the pair kernel
-                o, xp_ = quantize_for_decode(x, pairs=True)
+                o, xp_ = quantize_for_decode(x)
                 return decode_linear_pairs(xp_, o.scales, o.amax, wd, ws, wa)
 
             _d, _s, xa, _nf, xqs, _dq = quantize_nvfp4_triton(
                 x, per_token=True, write_packed=False, write_qs=True
             )
-            xp = quantize_for_decode(x)[1]  # fp16, plane-major
+            xp = quantize_planes(x)[1]  # fp16, plane-major
             ours()  # compile + allocate the split-K workspace outside graph capture
             decode_linear(xp, xa, wd, ws, wa, x_perm=True)
             decode_linear(xp, xa, wd, ws, wa, x_perm=True, one_dot=True)
@@ -436,7 +437,7 @@ def bench_decode(args):
             t_g = bench(lambda: decode_linear(xqs, xa, wd, ws, wa), graph=True)
             t_xp = bench(lambda: decode_linear(xp, xa, wd, ws, wa, x_perm=True), graph=True)
             t_od = bench(lambda: decode_linear(xp, xa, wd, ws, wa, x_perm=True, one_dot=True), graph=True)
-            t_q = bench(lambda: quantize_for_decode(x), graph=True)
+            t_q = bench(lambda: quantize_planes(x), graph=True)
             sweep = {}
             if args.decode_sweep:
                 if b <= 4:

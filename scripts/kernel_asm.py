@@ -1,9 +1,9 @@
 """What the decode kernels compile to, without a GPU (profiling aid for issue #6: why a kernel is slower than
 its memory traffic allows).
 
-Compiles ``decode_kernels._decode_linear_kernel`` (the first formulation) and ``decode_kernels._decode_pairs_kernel`` (the
-fp16x2 pair kernel the backend runs) for sm_90 with Triton's bundled compiler (no device needed) and prints
-one JSON line per configuration:
+Compiles ``_decode_linear_kernel`` (the first formulation, ``scripts/decode_planes.py``) and
+``decode_kernels._decode_pairs_kernel`` (the fp16x2 pair kernel the backend runs) for sm_90 with Triton's
+bundled compiler (no device needed) and prints one JSON line per configuration:
 - the number of ``ttg.convert_layout`` / ``ttg.local_alloc`` ops inside the main loop of the Triton GPU IR
   (each one a round trip through shared memory; the first FMA formulation had eight per iteration, which is
   what made it slow on the H200);
@@ -23,15 +23,17 @@ import json
 import os
 import re
 
+from decode_planes import DECODE_PLANES_TYPES, _decode_linear_kernel
+
 from minite_kernels.backends.triton.offline import (
     DECODE_PAIRS_TYPES,
-    DECODE_PLANES_TYPES,
     compile_offline,
     ops_in_loop,
     pair_constexprs,
 )
 
-#: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the library defaults
+#: (rows B = BLOCK_B, BLOCK_N, BLOCK_KW, warps, x_perm, tensor-core path, one_dot): the
+#: launch defaults of decode_planes.decode_linear
 CONFIGS = (
     (1, 8, 64, 4, True, False, False),
     (2, 8, 64, 4, True, False, False),
@@ -141,7 +143,7 @@ def main() -> int:
             "ONE_DOT": one_dot,
         }
         ck = compile_offline(
-            dec._decode_linear_kernel,
+            _decode_linear_kernel,
             DECODE_PLANES_TYPES,
             const,
             warps=warps,

@@ -1,14 +1,15 @@
-"""The packed-FP4 decode linear (``minite_kernels/backends/triton/decode.py``) and its routing in the backend.
+"""The packed-FP4 pair decode linear (``minite_kernels/backends/triton/decode.py``) and its routing in the backend.
 
 On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess, tiny shapes);
 on a GPU the compiled kernels (``-m gpu``). Both compare with the FP64 product of the reference dequantized
 operands (``rel_l2 <= 1e-5`` for FP32 output: only the FP32 accumulation order differs), the activation
-layouts with each other (natural, plane-major bf16 and fp16: bit-equal), and the BF16 output with the FP32
-one rounded to nearest-even (bit-equal).
+quantizer with the reference bytes, and the BF16 output with the FP32 one rounded to nearest-even
+(bit-equal). The first formulation, the benchmarks' baseline, is tested in ``test_decode_planes.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -44,54 +45,6 @@ def _rel(ref: torch.Tensor, y: torch.Tensor) -> float:
     return float((y - ref).norm() / ref.norm())
 
 
-def _check_decode(batches, n: int, k: int, splits) -> None:
-    import minite_kernels.backends.triton as tk
-    from minite_kernels.backends.triton.decode import permute_for_decode
-    from minite_kernels.formats import quantize_nvfp4
-
-    x, w = _heavy(max(batches), k, seed=1), _heavy(n, k, seed=2)
-    w[3, :16] = 0  # an all-zero block: scale 0, codes 0
-    qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
-    qw_dev = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
-    for b in batches:
-        ref = (
-            quantize_nvfp4(x[:b].cpu(), scaling="per_token").dequantize().double()
-            @ qw.dequantize().double().t()
-        )
-        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(
-            x[:b], per_token=True, write_packed=False, write_qs=True
-        )
-        for split in splits:
-            y = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split)
-            assert _rel(ref, y) < 1e-5, (b, split, _rel(ref, y))
-            # the permuted activation layout reads the same values in the same order: same bits
-            yp = tk.decode_linear(
-                permute_for_decode(xqs), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
-            )
-            assert torch.equal(yp, y), (b, split)
-            # fp16 activations (what quantize_for_decode writes) are the same exact values: same bits
-            yh = tk.decode_linear(
-                permute_for_decode(xqs).half(), xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True
-            )
-            assert torch.equal(yh, yp), (b, split)
-            if b > 4:  # tensor-core path with all 8 nibble planes in one MMA operand
-                yo = tk.decode_linear(
-                    permute_for_decode(xqs),
-                    xa,
-                    *qw_dev,
-                    out_dtype=torch.float32,
-                    split=split,
-                    x_perm=True,
-                    one_dot=True,
-                )
-                assert _rel(ref, yo) < 1e-5, (b, split)
-            yb = tk.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
-            if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
-                assert _rel(ref, yb) < 8e-3
-            else:  # the FP32 result, rounded once to nearest-even
-                assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
-
-
 def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4, 1, True),)) -> None:
     """The fp16x2 pair kernel against the FP64 product (rel_l2 <= 1e-5: every 16-value block sum is exact,
     only the FP32 accumulation across blocks rounds), its BF16 output against its FP32 output rounded once,
@@ -114,10 +67,10 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
     for b in batches:
         qx = quantize_nvfp4(x[:b].cpu(), scaling="per_token")
         ref = qx.dequantize().double() @ qw.dequantize().double().t()
-        out, xp = quantize_for_decode(x[:b], pairs=True)
+        out, xp = quantize_for_decode(x[:b])
         if _PDL:
             for pdl in (False, True):
-                out_p, xp_p = quantize_for_decode(x[:b], pairs=True, pdl=pdl)
+                out_p, xp_p = quantize_for_decode(x[:b], pdl=pdl)
                 assert torch.equal(xp_p, xp) and torch.equal(out_p.data, out.data)
                 assert torch.equal(out_p.scales.view(torch.uint8), out.scales.view(torch.uint8))
         codes = e2m1_decode(unpack_nibbles(qx.data), torch.float16)
@@ -175,7 +128,7 @@ def _check_pdl_chain() -> None:
         def chain(pdl, x=x):
             h = x
             for w in ws:
-                o, xp = quantize_for_decode(h, pairs=True, pdl=pdl)
+                o, xp = quantize_for_decode(h, pdl=pdl)
                 h = decode_linear_pairs(xp, o.scales, o.amax, *w, pdl=pdl)
             return h
 
@@ -194,7 +147,7 @@ def _check_pdl_chain() -> None:
 
 
 def _check_nonfinite() -> None:
-    import minite_kernels.backends.triton as tk
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
     from minite_kernels.formats import quantize_nvfp4
 
     x, w = _heavy(3, 64, seed=5), _heavy(32, 64, seed=6)
@@ -202,20 +155,18 @@ def _check_nonfinite() -> None:
     x[2, 0] = float("nan")
     qw = quantize_nvfp4(w.cpu(), tile=(16, 16))
     args = [t.to(_DEV) for t in (qw.data, qw.scales, qw.amax)]
-    *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-    y = tk.decode_linear(xqs, xa, *args, out_dtype=torch.float32)
+    out, xp = quantize_for_decode(x)
+    y = decode_linear_pairs(xp, out.scales, out.amax, *args, out_dtype=torch.float32)
     assert y[1:].isnan().all()  # a poisoned row poisons its outputs, never finite garbage
-    y0 = tk.decode_linear(xqs[:1], xa[:1], *args, out_dtype=torch.float32)
+    out0, xp0 = quantize_for_decode(x[:1])
+    y0 = decode_linear_pairs(xp0, out0.scales, out0.amax, *args, out_dtype=torch.float32)
     assert torch.equal(y[0], y0[0]) and y0.isfinite().all()
 
 
 def _check_decode_quantizer() -> None:
-    import minite_kernels.backends.triton as tk
-    from minite_kernels.backends.triton.decode import (
-        pairs_for_decode,
-        permute_for_decode,
-        quantize_for_decode,
-    )
+    """The pair-word quantizer (one row spread over several programs) against the reference: the same bytes,
+    scales, amax and nonfinite flags, and the codes as the pair kernel's words, at K that pad the row."""
+    from minite_kernels.backends.triton.decode import pairs_for_decode, quantize_for_decode
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.formats.e2m1 import e2m1_decode, unpack_nibbles
 
@@ -225,25 +176,14 @@ def _check_decode_quantizer() -> None:
             x[0, :16] = 0  # an all-zero block
             x[1, 5] = -1e-30  # rounds to -0.0
             x[2, 3] = float("nan")  # a poisoned row
-            out, qsp = quantize_for_decode(x)
+            out, xp = quantize_for_decode(x)
             ref = quantize_nvfp4(x.cpu(), scaling="per_token")
             assert torch.equal(out.data.cpu(), ref.data)
             assert torch.equal(out.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
             assert torch.equal(out.amax.cpu().nan_to_num(-1.0), ref.amax.nan_to_num(-1.0))
-            q = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-            assert qsp.dtype == torch.float16  # exact, like the bf16 qs
-            assert torch.equal(qsp.float(), permute_for_decode(q.qs).float())
-            # signed zeros as the reference's dequantized values (-1e-30 -> -0.0)
-            ref_perm = permute_for_decode(ref.dequantize(torch.float32).to(_DEV))
-            assert torch.equal(torch.signbit(qsp), torch.signbit(ref_perm))
             assert out.nonfinite.tolist() == [False, False, True]
-            # the pair layout (one row spread over several programs): same bytes, codes as pair words
-            outp, xp = quantize_for_decode(x, pairs=True)
-            for f in ("data", "scales", "nonfinite"):
-                assert torch.equal(getattr(outp, f).view(torch.uint8), getattr(out, f).view(torch.uint8)), f
-            assert torch.equal(outp.amax.nan_to_num(-1.0), out.amax.nan_to_num(-1.0))
             codes = e2m1_decode(unpack_nibbles(ref.data), torch.float16)
-            assert torch.equal(xp.cpu(), pairs_for_decode(codes))  # the NaN row: all codes 0
+            assert torch.equal(xp.cpu(), pairs_for_decode(codes))  # the NaN row: all codes 0; signed zeros
 
 
 def _check_backend_routing() -> None:
@@ -266,9 +206,9 @@ def _check_backend_routing() -> None:
     assert qx.qs_decode is not None and qx.deq is None  # decode-sized: the codes as the pair kernel's words
     assert qx.qs_decode.shape == (x.shape[0], 8, x.shape[1] // 16) and qx.qs_decode.dtype == torch.int32
     y = backend.qgemm_nt(None, None, spec.a, spec.b, a_quantized=qx, b_quantized=qw, out_dtype=torch.float32)
-    *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-    direct = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32)
-    assert _rel(direct, y) < 1e-6  # same products; the pair kernel sums each block exactly, then in FP32
+    direct = tk.decode_linear_pairs(qx.qs_decode, qx.scales, qx.amax, qw.data, qw.scales, qw.amax,
+                                    out_dtype=torch.float32)
+    assert torch.equal(direct, y)  # the backend ran the pair kernel on the words its quantizer wrote
     # the decode-sized quantized activation is a complete NVFP4 tensor for every other consumer
     assert torch.equal(
         qx.dequantize(torch.float32).cpu(), quantize_nvfp4(x.cpu(), scaling="per_token").dequantize()
@@ -288,6 +228,13 @@ def _check_backend_routing() -> None:
         backend.clear_cache()  # one row more: the GEMM path, not the decode kernel
         x3 = _heavy(tk.DECODE_MAX_ROWS + 1, 128, seed=5)
         assert backend.quantize(x3, spec.a).qs_decode is None
+        # decode-sized but stochastically rounded (no pair words): the GEMM path, on the operand it was given
+        sr = dataclasses.replace(spec.a, stochastic_rounding=True)
+        qsr = backend.quantize(x, sr, generator=torch.Generator(device=_DEV).manual_seed(0))
+        assert qsr.qs_decode is None
+        y_sr = backend.qgemm_nt(None, None, sr, spec.b, a_quantized=qsr, b_quantized=qw, out_dtype=torch.float32)
+        ref_sr = qsr.dequantize(torch.float32).cpu().double() @ qw.dequantize(torch.float32).cpu().double().t()
+        assert _rel(ref_sr, y_sr) < 1e-5
         from minite_kernels.backends.triton._common import pdl_mode
 
         assert pdl_mode() == "off"  # the default
@@ -313,32 +260,16 @@ def _check_backend_routing() -> None:
 
 
 def _check_bad_input() -> None:
-    import minite_kernels.backends.triton as tk
+    """The pair kernel takes x as int32 pair words [B, 8, K/16] with matching scales and amax."""
+    from minite_kernels.backends.triton.decode import decode_linear_pairs, quantize_for_decode
 
-    x = torch.zeros(2, 24, dtype=torch.bfloat16, device=_DEV)
     a = torch.ones(2, device=_DEV)
-    with pytest.raises(ValueError, match="K % 16"):
-        tk.decode_linear(
-            x,
-            a,
-            torch.zeros(8, 12, dtype=torch.uint8, device=_DEV),
-            torch.zeros(8, 1, dtype=torch.uint8, device=_DEV),
-            a[:1],
-        )
-    x = torch.zeros(2, 32, dtype=torch.bfloat16, device=_DEV)
     w8, s8 = (
         torch.zeros(8, 16, dtype=torch.uint8, device=_DEV),
         torch.zeros(8, 2, dtype=torch.uint8, device=_DEV),
     )
-    with pytest.raises(ValueError, match="one_dot=True.*x_perm=True"):
-        tk.decode_linear(x, a, w8, s8, a[:1], one_dot=True)
-    with pytest.raises(ValueError, match=r"\[B, 8, K/8\]"):
-        tk.decode_linear(x, a, w8, s8, a[:1], x_perm=True)
-    with pytest.raises(ValueError, match="K=48"):
-        tk.decode_linear(torch.zeros(2, 48, dtype=torch.bfloat16, device=_DEV), a, w8, s8, a[:1])
-    # the pair kernel: x as int32 pair words [B, 8, K/16] with matching scales and amax
-    from minite_kernels.backends.triton.decode import decode_linear_pairs
-
+    with pytest.raises(ValueError, match="K % 16 == 0"):
+        quantize_for_decode(torch.zeros(2, 24, dtype=torch.bfloat16, device=_DEV))
     xp = torch.zeros(2, 8, 2, dtype=torch.int32, device=_DEV)  # K = 32
     xs = torch.zeros(2, 2, dtype=torch.uint8, device=_DEV)
     with pytest.raises(ValueError, match=r"pair words \[B, 8, K/16\]"):
@@ -359,11 +290,6 @@ def _check_bad_input() -> None:
 
 
 if torch.cuda.is_available():
-
-    @pytest.mark.gpu
-    @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512)])
-    def test_decode_gpu(n, k):
-        _check_decode((1, 3, 4, 8, 16), n, k, (None, 1, 4))
 
     @pytest.mark.gpu
     @pytest.mark.parametrize("n,k", [(1024, 2560), (256, 9728), (96, 512), (40, 80)])
@@ -391,9 +317,6 @@ if torch.cuda.is_available():
         _check_bad_input()
 
 elif _IN_INTERPRETER:
-
-    def test_decode_interpreted():
-        _check_decode((1, 3, 8, 16), 48, 128, (None, 2))
 
     def test_decode_pairs_interpreted():
         _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4, 2, True),))

@@ -158,11 +158,10 @@ def test_qgemm_and_decode_match_reference(tk):
     y = tk.TritonBackend("cpu").qgemm_nt(x, w, spec.a, spec.b, out_dtype=torch.float32)
     assert _rel(ref, y) < 1e-5
     qw = quantize_nvfp4(w, tile=(16, 16))
-    for b, split in ((2, 2), (8, None)):  # FMA path with split-K, tensor-core path
-        *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(
-            x[:b], per_token=True, write_packed=False, write_qs=True
-        )
-        yd = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32, split=split)
+    for b, split in ((2, 2), (4, None)):  # the pair decode kernel with and without split-K
+        out, xp = tk.quantize_for_decode(x[:b])
+        yd = tk.decode_linear_pairs(xp, out.scales, out.amax, qw.data, qw.scales, qw.amax,
+                                    out_dtype=torch.float32, split=split)
         assert _rel(ref[:b], yd) < 1e-5
 
 

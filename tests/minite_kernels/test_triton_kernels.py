@@ -223,21 +223,6 @@ def test_qgemm_with_a_weight_quantized_by_the_reference():
     _check_gemm(y, ref, torch.float32, fused=True)
 
 
-@pytest.mark.parametrize("batch", [1, 3, 4, 16])
-@pytest.mark.parametrize("n,k,split", [(1024, 2560, None), (2560, 9728, None), (96, 512, 4)])
-def test_decode_linear_matches_reference(batch, n, k, split):
-    from minite_kernels.formats import quantize_nvfp4
-
-    tk = _tk()
-    x, w = _heavy(batch, k, seed=6), _heavy(n, k, seed=7)
-    qw = quantize_nvfp4(w, tile=(16, 16))
-    *_, xa, _nf, xqs, _dq = tk.quantize_nvfp4_triton(x, per_token=True, write_packed=False, write_qs=True)
-    for _ in range(2):  # the second call reuses the split-K counters (they must reset themselves)
-        y = tk.decode_linear(xqs, xa, qw.data, qw.scales, qw.amax, out_dtype=torch.float32, split=split)
-        ref = quantize_nvfp4(x, scaling="per_token").dequantize().double() @ qw.dequantize().double().t()
-        assert _rel_l2(ref.cpu(), y.cpu()) < 1e-5
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_fused_logprobs_entropy_match_torch(temperature):
     tk = _tk()

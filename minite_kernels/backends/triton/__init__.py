@@ -13,7 +13,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 - ``gemm``         emulated W4A4 GEMM: BF16 tensor cores on exact ``q*s_b`` operands, scales in the epilogue
 - ``decode``       packed-FP4 (4.5 bits/param) decode linear for small batches (the backend routes
                    GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps): the
-                   launchers; ``decode_kernels`` holds the kernels and their math
+                   launchers; ``decode_kernels`` holds the kernels and their math (the first formulation,
+                   the benchmarks' baseline, is ``scripts/decode_planes.py``)
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
@@ -27,7 +28,7 @@ not here and read the IR), ``_common`` (availability, interpreter detection, con
 from __future__ import annotations
 
 from .backend import DECODE_MAX_ROWS, TritonBackend, TritonNVFP4Tensor, decode_mode
-from .decode import decode_linear, permute_for_decode, quantize_for_decode
+from .decode import decode_linear_pairs, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .logprobs import logprobs_and_entropy, logprobs_and_entropy_torch
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
@@ -38,9 +39,8 @@ __all__ = [
     "TritonBackend",
     "TritonNVFP4Tensor",
     "WeightRequantizer",
-    "decode_linear",
+    "decode_linear_pairs",
     "decode_mode",
-    "permute_for_decode",
     "quantize_for_decode",
     "dequantize_nvfp4_triton",
     "logprobs_and_entropy",

@@ -52,7 +52,7 @@ from minite_kernels.options import FIELDS, options
 from minite_kernels.recipes import OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
-from .decode import decode_linear, decode_linear_pairs, quantize_for_decode
+from .decode import decode_linear_pairs, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
 
@@ -353,7 +353,7 @@ class TritonBackend(Backend):
             and decode_mode() == "auto"
             and PAIR_KERNEL_OK
         ):  # decode-sized activations: one launch also writes the codes as the pair kernel's words
-            out, qs_decode = quantize_for_decode(x, pairs=True)
+            out, qs_decode = quantize_for_decode(x)
         else:
             want_deq = mode == "dequant" and orig_dtype == torch.bfloat16
             out = quantize_nvfp4_triton(
@@ -396,12 +396,8 @@ class TritonBackend(Backend):
             )
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
         if _decode_ok(qa, qb):
-            if qa.qs_decode is not None:
-                return decode_linear_pairs(
-                    qa.qs_decode, qa.scales, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
-                )
-            return decode_linear(
-                qa.exact_operand(), qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
+            return decode_linear_pairs(
+                qa.qs_decode, qa.scales, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
             )
         mode = gemm_mode()
         if mode == "dequant" and out_dtype == torch.bfloat16:
@@ -414,14 +410,16 @@ class TritonBackend(Backend):
 
 
 def _decode_ok(qa, qb) -> bool:
-    """A per-token NVFP4 activation of at most DECODE_MAX_ROWS rows against a per-tensor NVFP4 weight."""
+    """An activation quantized for the pair decode kernel (``qs_decode``: per token, at most
+    ``DECODE_MAX_ROWS`` rows, round to nearest, no RHT; see ``quantize``) against a per-tensor NVFP4 weight.
+    Decode-sized activations quantized otherwise (stochastic rounding, another caller's tensor) take the GEMM
+    path."""
     return (
         isinstance(qa, TritonNVFP4Tensor)
+        and qa.qs_decode is not None
         and isinstance(qb, NVFP4Tensor)
-        and qa.scaling == "per_token"
         and qb.scaling == "per_tensor"
-        and qa.data.shape[0] <= DECODE_MAX_ROWS
-        and not (qa.rht or qb.rht)
+        and not qb.rht
         and qb.data.is_contiguous()
         and kernel_device_ok(qb.data)
         and decode_mode() == "auto"

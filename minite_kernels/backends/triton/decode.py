@@ -1,10 +1,12 @@
 """Packed-FP4 decode linear (W4A4 at small batch), the host side: what the backend and the sampler call.
 
-- :func:`quantize_for_decode`: the activation's per-token NVFP4 quantization in one launch, as plane-major
-  ``qs`` for :func:`decode_linear` or as pair words (``pairs=True``) for :func:`decode_linear_pairs`;
-- :func:`decode_linear_pairs` (what the backend runs, up to ``DECODE_MAX_ROWS`` rows) and :func:`decode_linear`
-  (the plain formulation: the benchmark baseline and the path for activations without pair words): launch
-  geometry, split-K workspace, programmatic dependent launch.
+- :func:`quantize_for_decode`: the activation's per-token NVFP4 quantization in one launch, with its codes as
+  the pair words of :func:`decode_linear_pairs`;
+- :func:`decode_linear_pairs` (what the backend runs for activations of up to ``DECODE_MAX_ROWS`` rows that
+  :func:`quantize_for_decode` made): launch geometry, split-K workspace, programmatic dependent launch.
+
+The first formulation (one fp32 product per nibble, plane-major activations) is the benchmarks' baseline in
+``scripts/decode_planes.py``; it is not part of the library.
 
 The kernels, their math (``y = Σ_k qs_x · qs_w · amax_x · amax_w / 2688²``, read from packed bytes) and worked
 examples are in ``decode_kernels.py``.
@@ -16,12 +18,7 @@ import torch
 import triton
 
 from ._common import interpret_mode, pdl_capable, pdl_enabled
-from .decode_kernels import (
-    _decode_act_quant_kernel,
-    _decode_linear_kernel,
-    _decode_pairs_kernel,
-    _pairs_act_quant_kernel,
-)
+from .decode_kernels import _decode_pairs_kernel, _pairs_act_quant_kernel
 from .quantize import QuantOut, _num_sms
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -51,112 +48,19 @@ def _split_k(device: torch.device, split: int | None, programs: int, kt: int, bk
     return triton.cdiv(kt, per_split), per_split
 
 
-def decode_linear(
-    x_qs: torch.Tensor,
-    x_amax: torch.Tensor,
-    w_data: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_amax: torch.Tensor,
-    *,
-    out_dtype: torch.dtype = torch.bfloat16,
-    split: int | None = None,
-    block_n: int | None = None,
-    block_kw: int | None = None,
-    num_warps: int = 4,
-    x_perm: bool = False,
-    one_dot: bool = False,
-) -> torch.Tensor:
-    """``y [B, N]`` from per-token-quantized activations (``x_qs`` bf16 or fp16 [B, K] = e2m1 * s_b, exact
-    in both; ``x_amax`` fp32 [B]) and a packed per-tensor NVFP4 weight (``w_data`` u8 [N, K/2],
-    ``w_scales`` e4m3/u8 [N, K/16], ``w_amax`` [1]).
-
-    ``x_perm=True``: ``x_qs`` is ``permute_for_decode(qs)`` [B, 8, K/8].
-    K must be a multiple of 16 and ``w_data`` contiguous (it is read as int32 words)."""
-    if one_dot and not x_perm:
-        raise ValueError("decode_linear(one_dot=True) needs x_perm=True (the plane-major activation layout)")
-    if x_perm:
-        if x_qs.dim() != 3 or x_qs.shape[1] != 8:
-            raise ValueError(f"decode_linear(x_perm=True) takes x as [B, 8, K/8]; got {tuple(x_qs.shape)}")
-        b, k = x_qs.shape[0], 8 * x_qs.shape[2]
-    else:
-        b, k = x_qs.shape
-    n = w_data.shape[0]
-    if k % 16 or not w_data.is_contiguous() or not x_qs.is_contiguous():
-        raise ValueError(f"decode_linear needs K % 16 == 0 and contiguous operands; got K={k}")
-    if w_data.shape[1] * 2 != k:
-        raise ValueError(
-            f"decode_linear: x has K={k} but the packed weight {tuple(w_data.shape)} has "
-            f"K={2 * w_data.shape[1]}"
-        )
-    use_dot = b > 4
-    out = torch.empty((b, n), dtype=out_dtype, device=x_qs.device)
-    if b == 0 or n == 0:
-        return out
-    bb = max(16, triton.next_power_of_2(b)) if use_dot else triton.next_power_of_2(b)
-    # defaults from the H200 block-size sweep (scripts/bench_kernels.py --decode-sweep, benchmarks/RESULTS.md)
-    big = n * k >= (1 << 24)
-    bn = block_n or ((128 if big else 64) if use_dot else 8)
-    kw = k // 8
-    bkw = min(block_kw or ((32 if big else 16) if use_dot else 64), triton.next_power_of_2(kw))
-    nblocks = triton.cdiv(n, bn)
-    split, kw_per_split = _split_k(x_qs.device, split, nblocks, kw, bkw)
-    part, cnt = _workspace(x_qs.device, split, bb, n, nblocks) if split > 1 else (out, out)
-    _decode_linear_kernel[(nblocks, split)](
-        x_qs,
-        x_amax,
-        w_data.view(torch.int32),
-        w_scales.view(torch.uint8),
-        w_amax,
-        out,
-        part,
-        cnt,
-        b,
-        n,
-        k,
-        kw_per_split,
-        BLOCK_N=bn,
-        BLOCK_KW=bkw,
-        BLOCK_B=bb,
-        SPLIT=split,
-        USE_DOT=use_dot,
-        DOT_F32=interpret_mode(),
-        num_warps=num_warps,
-        X_PERM=x_perm,
-        ONE_DOT=one_dot and use_dot,
-    )
-    return out
-
-
-def permute_for_decode(x: torch.Tensor) -> torch.Tensor:
-    """``[B, K]`` -> ``[B, 8, K/8]`` with ``out[b, i, j] = x[b, 8j + i]``: the activation layout of
-    ``decode_linear(x_perm=True)`` (nibble plane ``i`` of the packed weight words meets a contiguous row)."""
-    b, k = x.shape
-    return x.view(b, k // 8, 8).transpose(1, 2).contiguous()
-
-
-def quantize_for_decode(
-    x: torch.Tensor, *, pairs: bool = False, pdl: bool | None = None
-) -> tuple[QuantOut, torch.Tensor]:
+def quantize_for_decode(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[QuantOut, torch.Tensor]:
     """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
-    K) for :func:`decode_linear`: the usual outputs (``data``, ``scales``, ``amax``, ``nonfinite``; bytes
-    identical to ``quantize_nvfp4_triton(x, per_token=True)``) and ``qs`` already in the plane-major
-    layout [B, 8, K/8] (``decode_linear(..., x_perm=True)``), in one launch. ``qs`` is stored in fp16, where
-    it is exact like in bf16 (<= 5 significant bits, magnitudes in [2^-10, 2688]): the tensor-core path then
-    feeds it to the MMA straight from its asynchronous copy into shared memory, instead of converting it in
-    registers and storing it again (``scripts/kernel_asm.py``: 8 instead of 16 shared-memory stores per
-    loop iteration).
+    K) for :func:`decode_linear_pairs`, in one launch: the usual outputs (``data``, ``scales``, ``amax``,
+    ``nonfinite``; bytes identical to ``quantize_nvfp4_triton(x, per_token=True)``) and the E2M1 codes as the
+    pair kernel's int32 words [B, 8, K/16] (:func:`pairs_for_decode`). Each row is spread over several
+    programs (each reads the whole row for its amax, then encodes its chunk).
 
-    ``pairs=True`` writes the pair words of :func:`decode_linear_pairs` instead of ``qs``; ``pdl`` (default:
-    :func:`pdl_enabled`) launches that kernel with programmatic dependent launch, so the decode kernel after
-    it can start (and prefetch its weights) while it runs."""
+    ``pdl`` (default: :func:`pdl_enabled`) launches the kernel with programmatic dependent launch, so the
+    decode kernel after it can start (and prefetch its weights) while it runs."""
     b, k = x.shape
     if k % 16 or x.stride(1) != 1:
         raise ValueError(
             f"quantize_for_decode needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
-        )
-    if pdl and not pairs:
-        raise ValueError(
-            "quantize_for_decode(pdl=True) launches the pair-word quantizer only: pass pairs=True"
         )
     dev = x.device
     out = QuantOut(
@@ -167,32 +71,13 @@ def quantize_for_decode(
         None,
         None,
     )
-    if pairs:
-        xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=dev)
-        if b:
-            ch = 32
-            nb = triton.next_power_of_2(k // 16)
-            _pairs_act_quant_kernel[(b, triton.cdiv(k // 16, ch))](
-                x,
-                xp,
-                out.data,
-                out.scales,
-                out.amax,
-                out.nonfinite,
-                k,
-                x.stride(0),
-                NB=nb,
-                CH=ch,
-                num_warps=4 if nb <= 256 else 8,
-                **_pdl_launch(x, pdl),
-            )
-        return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), xp
-    qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=dev)
+    xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=dev)
     if b:
+        ch = 32
         nb = triton.next_power_of_2(k // 16)
-        _decode_act_quant_kernel[(b,)](
+        _pairs_act_quant_kernel[(b, triton.cdiv(k // 16, ch))](
             x,
-            qsp,
+            xp,
             out.data,
             out.scales,
             out.amax,
@@ -200,9 +85,11 @@ def quantize_for_decode(
             k,
             x.stride(0),
             NB=nb,
+            CH=ch,
             num_warps=4 if nb <= 256 else 8,
+            **_pdl_launch(x, pdl),
         )
-    return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), qsp
+    return out._replace(scales=out.scales.view(torch.float8_e4m3fn)), xp
 
 
 def pairs_for_decode(codes: torch.Tensor) -> torch.Tensor:
@@ -248,7 +135,7 @@ def decode_linear_pairs(
     Default (None, like the tile sizes): the launch defaults below, which double-buffer at one row only."""
     if x_pairs.dim() != 3 or x_pairs.shape[1] != 8 or x_pairs.dtype != torch.int32:
         raise ValueError(
-            "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x, pairs=True)); "
+            "decode_linear_pairs takes x as int32 pair words [B, 8, K/16] (quantize_for_decode(x)); "
             f"got {x_pairs.dtype} {tuple(x_pairs.shape)}"
         )
     b, k = x_pairs.shape[0], 16 * x_pairs.shape[2]

@@ -15,27 +15,22 @@ on fp16 subnormals, which fp16 arithmetic keeps); the E4M3 scale byte's 7 magnit
 13..7 give ``s * 2^-8`` the same way. Two shifts and one logic op per value instead of a compare/select
 chain (which is slower on the H200); the powers of two go to the epilogue.
 
-Two kernels share that decode:
+``decode_linear_pairs`` (what the backend runs, up to ``DECODE_MAX_ROWS`` = 4 rows): the activation comes
+as its E2M1 codes in fp16 (``q_x``, exact) laid out as *pair words* ``[B, 8, K/16]`` int32
+(``pairs_for_decode``; written by ``quantize_for_decode(x)`` in one launch). Nibbles ``j`` and ``j + 4`` of a
+weight word are placed into the two fp16 halves of one register with one shift pair and two logic ops, and
+meet the activation pair word with one packed ``fma.rn.f16x2`` (inline PTX). The 16 products of a block are
+summed in fp16 *exactly*: each lane adds 8 products ``(q_w 2^-14)(q_x)``, which are multiples of 2^-16 with
+``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below ``8 * 36 * 4 = 1152 < 2048`` units,
+which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The two lanes are then added in fp32 and
+multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and only the accumulation over blocks rounds
+(fp32). About 4 SASS instructions per weight and row in the K loop at batch 1, half of the first
+formulation's (one fp32 product per nibble; ``scripts/decode_planes.py`` keeps it as the benchmarks' baseline,
+``scripts/kernel_asm.py`` counts both). Under Triton's interpreter (no PTX) the same exact sums are formed in
+fp32.
 
-- ``decode_linear_pairs`` (what the backend runs, up to ``DECODE_MAX_ROWS`` = 4 rows): the activation comes
-  as its E2M1 codes in fp16 (``q_x``, exact) laid out as *pair words* ``[B, 8, K/16]`` int32
-  (``pairs_for_decode``; written by ``quantize_for_decode(x, pairs=True)`` in one launch). Nibbles ``j`` and
-  ``j + 4`` of a weight word are placed into the two fp16 halves of one register with one shift pair and
-  two logic ops, and meet the activation pair word with one packed ``fma.rn.f16x2`` (inline PTX). The 16
-  products of a block are summed in fp16 *exactly*: each lane adds 8 products ``(q_w 2^-14)(q_x)``, which
-  are multiples of 2^-16 with ``|q_w q_x| <= 36``, so every partial sum is an integer times 2^-16 below
-  ``8 * 36 * 4 = 1152 < 2048`` units, which fp16 represents exactly (its spacing below 2^-5 is <= 2^-16). The
-  two lanes are then added in fp32 and multiplied by ``s_w s_x 2^-16`` (11 x 8 significant bits: exact), and
-  only the accumulation over blocks rounds (fp32). About 4 SASS instructions per weight and row in the K
-  loop at batch 1, half of ``decode_linear``'s (``scripts/kernel_asm.py`` counts them).
-  Under Triton's interpreter (no PTX) the same exact sums are formed in fp32.
-- ``decode_linear`` (the plain formulation: the benchmark baseline, and the backend's kernel for decode-sized
-  activations quantized without pair words, e.g. with stochastic rounding): FMA path
-  (B <= 4), one fp32 product per nibble; tensor-core path (B > 4), ``w16 = plane * (s * 2^7)`` is the
-  exact ``q * s_b * 2^-7`` in fp16 and ``qs_x`` is exact in fp16 (<= 5 significant bits, range
-  [2^-10, 2688]), FP32 accumulation. ``x_perm``: the activations in plane-major order ``[B, 8, K/8]``.
-- Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last
-  to arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
+Split-K when ``N / BLOCK_N`` programs would leave SMs idle: each split writes an FP32 partial and the last to
+arrive (an atomic counter per row block, reset by that program: no memset) sums them in a fixed order.
 
 The small and long-K projections are latency-bound (a launch needs ~2-3 us before its loads arrive): they
 take narrow tiles and, at one row, a K loop double-buffered in registers (``prefetch``). Per-linear timings
@@ -109,42 +104,10 @@ def _splitk_finish(
 
 
 @triton.jit
-def _fp16_plane(wd, NIB: tl.constexpr):
-    """Nibble ``NIB`` of every int32 word as an fp16 of value ``e2m1 * 2^-14``: the code's sign goes to bit 15
-    and its magnitude bits ``e1 e0 m`` to bits 11..9 (exponent low bits + first mantissa bit). Codes with
-    ``e = 0`` land on fp16 subnormals (``0.5 -> 2^-15``), which fp16 arithmetic keeps exactly. Two shifts and
-    one three-input logic op per value instead of a compare/select chain."""
-    if 4 * NIB >= 9:
-        mag = (wd >> (4 * NIB - 9)) & 0x0E00
-    else:
-        mag = (wd << (9 - 4 * NIB)) & 0x0E00
-    if 4 * NIB >= 12:
-        sgn = (wd >> (4 * NIB - 12)) & 0x8000
-    else:
-        sgn = (wd << (12 - 4 * NIB)) & 0x8000
-    return (mag | sgn).to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _fp16_scale(sb):
     """E4M3 scale byte (non-negative; int32) as an fp16 of value ``s * 2^-8``: the byte's 7 magnitude bits
     shifted to fp16 bits 13..7 (E4M3 subnormals map to fp16 subnormals, exactly)."""
     return ((sb & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _row_partial(wd, s, x_ptr, r, K, kw, kmask, B, X_PERM: tl.constexpr):
-    """Σ over the 8 nibbles of every word of ``w * x[r]`` (fp32 [BN, BKW], still times ``2^-22``)."""
-    KW = K // 8
-    xmask = kmask & (r < B)
-    p = tl.zeros(wd.shape, dtype=tl.float32)
-    for i in tl.static_range(8):
-        if X_PERM:
-            xi = tl.load(x_ptr + r * K + i * KW + kw, mask=xmask, other=0.0)
-        else:
-            xi = tl.load(x_ptr + r * K + kw * 8 + i, mask=xmask, other=0.0)
-        p += _fp16_plane(wd, i).to(tl.float32) * xi.to(tl.float32)[None, :]
-    return p * s
 
 
 @triton.jit
@@ -172,144 +135,7 @@ def _store_four_rows(a0, a1, a2, a3, post, xamax_ptr, out_ptr, part_ptr, offs_n,
         _store_row(a3, 3, post, xamax_ptr, out_ptr, part_ptr, offs_n, nmask, pid_k, N, B, BLOCK_B, SPLIT)
 
 
-@triton.jit
-def _decode_linear_kernel(
-    x_ptr,
-    xamax_ptr,
-    w_ptr,
-    ws_ptr,
-    wamax_ptr,
-    out_ptr,
-    part_ptr,
-    cnt_ptr,
-    B,
-    N,
-    K,
-    kw_per_split,
-    BLOCK_N: tl.constexpr,
-    BLOCK_KW: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    SPLIT: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    X_PERM: tl.constexpr,
-    ONE_DOT: tl.constexpr = False,
-):
-    """Bit-trick decode (``_fp16_plane``/``_fp16_scale``).
-
-    FMA path (B <= 4): one 2-D accumulator per activation row in the layout the weight words are loaded in
-    (a 3-D [BN, B, BKW] product made Triton move every decoded plane through shared memory); the 8 nibbles
-    of a word are multiplied with their activations in fp32 and summed, then the word's block scale
-    multiplies that partial sum (``acc = y * 2^-22``).
-
-    Tensor-core path: ``w16 = plane * (s * 2^7)`` is the exact ``q * s_b * 2^-7`` in fp16 (normal range
-    [2^-17, 21]); the activations ``qs_x`` are exact in fp16 too (<= 5 significant bits, range
-    [2^-10, 2688]); FP32 accumulate (``acc = y * 2^-7``)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    KW = K // 8
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
-    kw_start = pid_k * kw_per_split
-    wa = tl.load(wamax_ptr)
-    if USE_DOT:
-        offs_b = tl.arange(0, BLOCK_B)
-        bmask = offs_b < B
-        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-        for kk in range(0, kw_per_split, BLOCK_KW):
-            kw = kw_start + kk + tl.arange(0, BLOCK_KW)
-            kmask = kw < KW
-            wmask = nmask[:, None] & kmask[None, :]
-            wd = tl.load(w_ptr + offs_n[:, None] * KW + kw[None, :], mask=wmask, other=0)
-            sb = tl.load(ws_ptr + offs_n[:, None] * (K // 16) + (kw // 2)[None, :], mask=wmask, other=0)
-            s16 = _fp16_scale(sb.to(tl.int32)) * 32768.0  # s * 2^7 <= 57344: exact in fp16
-            xmask = bmask[:, None] & kmask[None, :]
-            if ONE_DOT:  # all 8 planes as one [BN, 8*BKW] operand, K ordered plane-major like x_perm's rows
-                planes = tl.arange(0, 8)
-                c = (wd[:, None, :] >> (4 * planes)[None, :, None]) & 15
-                h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-                w16 = tl.reshape(h * s16[:, None, :], [BLOCK_N, 8 * BLOCK_KW])
-                xi = tl.load(
-                    x_ptr + offs_b[:, None, None] * K + (planes * KW)[None, :, None] + kw[None, None, :],
-                    mask=xmask[:, None, :],
-                    other=0.0,
-                )
-                xi = tl.reshape(xi, [BLOCK_B, 8 * BLOCK_KW])
-                if DOT_F32:
-                    acc = tl.dot(w16.to(tl.float32), tl.trans(xi.to(tl.float32)), acc)
-                else:
-                    acc = tl.dot(w16, tl.trans(xi.to(tl.float16)), acc)
-            for i in tl.static_range(0 if ONE_DOT else 8):
-                if X_PERM:  # x given as [B, 8, K/8]: plane i of the words is a contiguous row
-                    xi = tl.load(x_ptr + offs_b[:, None] * K + i * KW + kw[None, :], mask=xmask, other=0.0)
-                else:
-                    xi = tl.load(x_ptr + offs_b[:, None] * K + (kw * 8 + i)[None, :], mask=xmask, other=0.0)
-                w16 = _fp16_plane(wd, i) * s16
-                if DOT_F32:  # Triton's CPU interpreter mis-handles 16-bit dots
-                    acc = tl.dot(w16.to(tl.float32), tl.trans(xi.to(tl.float32)), acc)
-                else:
-                    acc = tl.dot(w16, tl.trans(xi.to(tl.float16)), acc)
-        xa = tl.load(xamax_ptr + offs_b, mask=bmask, other=0.0)
-        res = (acc * (128.0 * INV_2688_SQ_C)) * (xa[None, :] * wa)
-        omask = nmask[:, None] & bmask[None, :]
-        if SPLIT == 1:
-            tl.store(
-                out_ptr + offs_b[None, :] * N + offs_n[:, None], res.to(out_ptr.dtype.element_ty), mask=omask
-            )
-        else:
-            tl.store(part_ptr + (pid_k * BLOCK_B + offs_b[None, :]) * N + offs_n[:, None], res, mask=omask)
-    else:
-        acc0 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
-        for kk in range(0, kw_per_split, BLOCK_KW):
-            kw = kw_start + kk + tl.arange(0, BLOCK_KW)
-            kb = (kw_start + kk) // 2 + tl.arange(0, BLOCK_KW // 2)
-            kmask = kw < KW
-            wd = tl.load(
-                w_ptr + offs_n[:, None] * KW + kw[None, :], mask=nmask[:, None] & kmask[None, :], other=0
-            )
-            sb2 = tl.load(
-                ws_ptr + offs_n[:, None] * (K // 16) + kb[None, :],
-                mask=nmask[:, None] & (kb < K // 16)[None, :],
-                other=0,
-            )
-            # the tile's block scales as [BN, BKW/2] contiguous bytes, each repeated for its two words (join +
-            # reshape): that lands them in the words' register layout. Loaded per word (address kw // 2) they
-            # got a layout of their own, and Triton moved every row's partial sum into it through shared
-            # memory each iteration (scripts/kernel_asm.py: 1, 2, 4 conversions per iteration at B = 1, 2, 4)
-            sb2 = _fp16_scale(sb2.to(tl.int32)).to(tl.float32)
-            s = tl.reshape(tl.join(sb2, sb2), [BLOCK_N, BLOCK_KW])
-            acc0 += _row_partial(wd, s, x_ptr, 0, K, kw, kmask, B, X_PERM)
-            if BLOCK_B > 1:
-                acc1 += _row_partial(wd, s, x_ptr, 1, K, kw, kmask, B, X_PERM)
-            if BLOCK_B > 2:
-                acc2 += _row_partial(wd, s, x_ptr, 2, K, kw, kmask, B, X_PERM)
-                acc3 += _row_partial(wd, s, x_ptr, 3, K, kw, kmask, B, X_PERM)
-        post = wa * (4194304.0 * INV_2688_SQ_C)
-        _store_four_rows(
-            acc0,
-            acc1,
-            acc2,
-            acc3,
-            post,
-            xamax_ptr,
-            out_ptr,
-            part_ptr,
-            offs_n,
-            nmask,
-            pid_k,
-            N,
-            B,
-            BLOCK_B,
-            SPLIT,
-        )
-    if SPLIT > 1:
-        _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
-
-
-# --- third formulation: packed fp16x2 products (``decode_linear_pairs``) -------------------------------------
+# --- packed fp16x2 products (``decode_linear_pairs``) -----------------------------------------------------
 
 #: pair ``j`` (0..3) of an int32 weight word: nibbles ``j`` (low fp16 half) and ``j + 4`` (high half), each as
 #: ``e2m1 * 2^-14`` (sign -> bit 15/31, ``e1 e0 m`` -> bits 9..11 / 25..27); words ``$8`` and ``$9`` -> ``$0..$7``
@@ -627,51 +453,6 @@ def _decode_pairs_kernel(
     )
     if SPLIT > 1:
         _splitk_finish(out_ptr, part_ptr, cnt_ptr, pid_n, offs_n, nmask, N, B, BLOCK_N, BLOCK_B, SPLIT)
-
-
-@triton.jit
-def _decode_act_quant_kernel(
-    x_ptr,
-    qsp_ptr,
-    data_ptr,
-    scales_ptr,
-    amax_ptr,
-    nonfinite_ptr,
-    K,
-    stride_x,
-    NB: tl.constexpr,
-):
-    """One activation row per program, held whole in registers as [NB, 16] blocks: per-token NVFP4
-    quantization with the quantizer's arithmetic (``nvfp4_jit.py``), writing the packed bytes, scales, amax
-    and nonfinite flag exactly as ``quantize_nvfp4_triton`` does, plus ``qs`` in the decode kernel's
-    plane-major layout (``qs_perm[r, k % 8, k // 8] = qs[r, k]``)."""
-    r = tl.program_id(0)
-    blk = tl.arange(0, NB)
-    k = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
-    m = k < K
-    x = tl.load(x_ptr + r * stride_x + k, mask=m, other=0.0).to(tl.float32)
-    bmax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
-    abits = tl.max(bmax_bits, axis=0)
-    bad = abits >= 0x7F800000  # inf/NaN: the row's amax is NaN, its codes 0 and scale bytes 0x7F
-    amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
-    s_enc, s_dec = _encode_scale(amax)
-    vmax = tl.where(bad, 0, bmax_bits).to(tl.float32, bitcast=True)
-    s_b, sbyte = _e4m3_rne(tl.minimum(vmax * (s_enc * SIXTH), 448.0))
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
-    y = tl.where(bad, 0.0, x) * enc[:, None]
-    code = _e2m1_code_rn(tl.abs(y))
-    neg = y < 0.0
-    val = _e2m1_value(code) * s_b[:, None]
-    val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
-    KW = K // 8
-    tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
-    c4 = code + tl.where(neg, 8, 0)
-    lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
-    kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(data_ptr + r * (K // 2) + kb, (lo | (hi << 4)).to(tl.uint8), mask=kb < K // 2)
-    tl.store(scales_ptr + r * (K // 16) + blk, tl.where(bad, 0x7F, sbyte).to(tl.uint8), mask=blk < K // 16)
-    tl.store(amax_ptr + r, tl.where(bad, float("nan"), amax))
-    tl.store(nonfinite_ptr + r, bad)
 
 
 @triton.jit

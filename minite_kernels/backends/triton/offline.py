@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-#: argument types the two decode kernels share: the packed weight, its scales and amax, the output, the split-K
-#: workspace and the sizes
-_DECODE_COMMON_TYPES = {
+#: argument types the decode kernels share (the pair kernel here, the baseline of ``scripts/decode_planes.py``): the
+#: packed weight, its scales and amax, the output, the split-K workspace and the sizes
+DECODE_COMMON_TYPES = {
     "xamax_ptr": "*fp32",
     "w_ptr": "*i32",
     "ws_ptr": "*u8",
@@ -27,11 +27,8 @@ _DECODE_COMMON_TYPES = {
     "N": "i32",
     "K": "i32",
 }
-#: argument types of ``decode_kernels._decode_linear_kernel`` (the first decode formulation), with the activations as
-#: ``quantize_for_decode`` writes them (fp16 ``qs``)
-DECODE_PLANES_TYPES = {"x_ptr": "*fp16", "kw_per_split": "i32", **_DECODE_COMMON_TYPES}
 #: argument types of ``decode_kernels._decode_pairs_kernel`` (the pair decode kernel)
-DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **_DECODE_COMMON_TYPES}
+DECODE_PAIRS_TYPES = {"xp_ptr": "*i32", "xs_ptr": "*u8", "kb_per_split": "i32", **DECODE_COMMON_TYPES}
 
 
 def pair_constexprs(
@@ -144,8 +141,8 @@ def moving_conversions_in_loop(ttgir: str) -> list[str]:
 
 
 __all__ = [
+    "DECODE_COMMON_TYPES",
     "DECODE_PAIRS_TYPES",
-    "DECODE_PLANES_TYPES",
     "compile_offline",
     "moving_conversions_in_loop",
     "ops_in_loop",
