@@ -31,14 +31,21 @@ import triton
 import triton.language as tl
 
 from minite_kernels.backends.triton._common import interpret_mode
-from minite_kernels.backends.triton.decode import _split_k, _workspace
+from minite_kernels.backends.triton.decode import _split_k, _workspace, decode_quant_outputs
 from minite_kernels.backends.triton.decode_kernels import (
     INV_2688_SQ_C,
     _fp16_scale,
     _splitk_finish,
     _store_four_rows,
 )
-from minite_kernels.backends.triton.nvfp4_jit import FLT_MAX, SIXTH, _e2m1_code_rn, _e2m1_value, _e4m3_rne, _encode_scale
+from minite_kernels.backends.triton.nvfp4_jit import (
+    FLT_MAX,
+    SIXTH,
+    _e2m1_code_rn,
+    _e2m1_value,
+    _e4m3_rne,
+    _encode_scale,
+)
 from minite_kernels.backends.triton.offline import DECODE_COMMON_TYPES
 from minite_kernels.backends.triton.quantize import QuantOut
 
@@ -352,19 +359,9 @@ def quantize_planes(x: torch.Tensor) -> tuple[QuantOut, torch.Tensor]:
     bf16 (<= 5 significant bits, magnitudes in [2^-10, 2688]): the tensor-core path then feeds it to the MMA
     straight from its asynchronous copy into shared memory (``scripts/kernel_asm.py``: 8 instead of 16
     shared-memory stores per loop iteration)."""
+    out = decode_quant_outputs(x, "quantize_planes")
     b, k = x.shape
-    if k % 16 or x.stride(1) != 1:
-        raise ValueError(f"quantize_planes needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}")
-    dev = x.device
-    out = QuantOut(
-        torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
-        torch.empty((b, k // 16), dtype=torch.uint8, device=dev),
-        torch.empty((b,), dtype=torch.float32, device=dev),
-        torch.empty((b,), dtype=torch.bool, device=dev),
-        None,
-        None,
-    )
-    qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=dev)
+    qsp = torch.empty((b, 8, k // 8), dtype=torch.float16, device=x.device)
     if b:
         nb = triton.next_power_of_2(k // 16)
         _decode_act_quant_kernel[(b,)](

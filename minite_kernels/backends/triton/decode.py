@@ -48,6 +48,24 @@ def _split_k(device: torch.device, split: int | None, programs: int, kt: int, bk
     return triton.cdiv(kt, per_split), per_split
 
 
+def decode_quant_outputs(x: torch.Tensor, fn: str) -> QuantOut:
+    """The per-token quantizer outputs a one-launch decode quantizer writes for ``x`` [B, K] (packed codes,
+    E4M3 scale bytes, amax, nonfinite flags), after checking that ``x`` suits it (K % 16 == 0, unit stride
+    along K); ``fn`` names the caller in the error."""
+    b, k = x.shape
+    if k % 16 or x.stride(1) != 1:
+        raise ValueError(f"{fn} needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}")
+    dev = x.device
+    return QuantOut(
+        torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
+        torch.empty((b, k // 16), dtype=torch.uint8, device=dev),
+        torch.empty((b,), dtype=torch.float32, device=dev),
+        torch.empty((b,), dtype=torch.bool, device=dev),
+        None,
+        None,
+    )
+
+
 def quantize_for_decode(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[QuantOut, torch.Tensor]:
     """Per-token NVFP4 quantization of a few activation rows (``x`` [B, K], K % 16 == 0, unit stride along
     K) for :func:`decode_linear_pairs`, in one launch: the usual outputs (``data``, ``scales``, ``amax``,
@@ -57,21 +75,9 @@ def quantize_for_decode(x: torch.Tensor, *, pdl: bool | None = None) -> tuple[Qu
 
     ``pdl`` (default: :func:`pdl_enabled`) launches the kernel with programmatic dependent launch, so the
     decode kernel after it can start (and prefetch its weights) while it runs."""
+    out = decode_quant_outputs(x, "quantize_for_decode")
     b, k = x.shape
-    if k % 16 or x.stride(1) != 1:
-        raise ValueError(
-            f"quantize_for_decode needs K % 16 == 0 and unit stride along K; got {tuple(x.shape)}"
-        )
-    dev = x.device
-    out = QuantOut(
-        torch.empty((b, k // 2), dtype=torch.uint8, device=dev),
-        torch.empty((b, k // 16), dtype=torch.uint8, device=dev),
-        torch.empty((b,), dtype=torch.float32, device=dev),
-        torch.empty((b,), dtype=torch.bool, device=dev),
-        None,
-        None,
-    )
-    xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=dev)
+    xp = torch.empty((b, 8, k // 16), dtype=torch.int32, device=x.device)
     if b:
         ch = 32
         nb = triton.next_power_of_2(k // 16)
