@@ -84,7 +84,7 @@ def sample_tokens(processed: torch.Tensor, u: torch.Tensor | None = None, *, gre
 
 
 def draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, key: torch.Tensor,
-         rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+         rows: torch.Tensor, step: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step's draw: :func:`process_logits`, the uniforms of stream rows ``rows`` at token index
     ``step`` (``rollout.rng.row_uniforms`` with the folded ``key``; none when greedy) and :func:`sample_tokens`.
     The CUDA-graph engine compiles it (``rollout.fused``), which turns some thirty small kernels into a few."""

@@ -412,7 +412,7 @@ class TritonBackend(Backend):
 def _decode_ok(qa, qb) -> bool:
     """An activation quantized for the pair decode kernel (``qs_decode``: per token, at most
     ``DECODE_MAX_ROWS`` rows, round to nearest, no RHT; see ``quantize``) against a per-tensor NVFP4 weight.
-    Decode-sized activations quantized otherwise (stochastic rounding, another caller's tensor) take the GEMM
+    Decode-sized activations quantized otherwise (stochastic rounding, or by another backend) take the GEMM
     path."""
     return (
         isinstance(qa, TritonNVFP4Tensor)
