@@ -93,7 +93,8 @@ class RolloutConfig:
     # graph: the engine everywhere (eager off CUDA); loop: the reference loop (rollout.local)
     sampler: Literal["auto", "graph", "loop"] = "auto"
     # the graph engine makes the NVFP4 projections' quantized activation in the launch of the op before them
-    # (the norm, the SiLU product: rollout.graph_sampler norm_quant); off until timed on a GPU
+    # (the norm, the SiLU product: rollout.graph_sampler norm_quant); off by default: on the H200 its gain was
+    # within run-to-run noise (benchmarks/RESULTS.md)
     norm_quant: bool = False
 
 
