@@ -10,6 +10,8 @@
 #   bash scripts/h200_study.sh norm_quant       # after carry1: the fused norm/SiLU + quantizer kernels' GPU
 #                                               # tests, and the rollout with and without them
 #   bash scripts/h200_study.sh norm_quant_step  # then the whole step (interleaved recipes) without and with them
+#   bash scripts/h200_study.sh fp4w             # the packed-weight GEMM (scripts/fp4w_gemm.py): its GPU tests and
+#                                               # benchmark (FP4W_ARGS replaces the default --sweep); no carry1
 #   bash scripts/h200_study.sh decode_check     # after carry1: the pair decode kernel, its routing and the
 #                                               # baseline of scripts/decode_planes.py, compiled, against the
 #                                               # references; then the decode benchmark's per-shape table
@@ -116,10 +118,15 @@ norm_quant_step)
     ;;
 decode_check)
     need_site
-    step decode_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
-        tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py \
-        tests/rollout/test_graph_sampler.py
+    # the two kernel files alone took more than 330 s on a fresh machine (compiling every launch configuration)
+    step decode_gpu_tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+        tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py
+    step graph_sampler_gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_graph_sampler.py
     step bench_decode 200 python3 scripts/bench_decode.py --batches 1,4 --rep 50
+    ;;
+fp4w)
+    step fp4w_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_fp4w_gemm.py
+    step bench_fp4w 400 python3 scripts/bench_fp4w_gemm.py ${FP4W_ARGS:---sweep} --out "$out/fp4w.jsonl"
     ;;
 study)
     need_site
@@ -143,7 +150,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|fp4w" >&2
     exit 2
     ;;
 esac
