@@ -1,8 +1,8 @@
-"""A packed-weight GEMM for the decode step, kept out of the library because it loses to cuBLAS: ``Y = X̂ Ŵᵀ``
-for a few dozen BF16 activation rows, reading the NVFP4 weight as its packed bytes (4.5 bits per value) and
-forming the BF16 dequantized weight Ŵ in registers. On the H200 it is 0.55-0.85x of ``torch.mm(X̂, Ŵᵀ)`` on
-the BF16 Ŵ at Qwen3-0.6B and Qwen3-8B decode shapes, and even without the decode arithmetic (``decode=False``,
-the timing floor of this structure) 0.75-1.0x (``scripts/bench_fp4w_gemm.py``; benchmarks/RESULTS.md).
+"""A packed-weight GEMM for the decode step: ``Y = X̂ Ŵᵀ`` for a few dozen BF16 activation rows, reading the NVFP4
+weight as its packed bytes (4.5 bits per value) and forming the BF16 dequantized weight Ŵ in registers. It is kept
+out of the library because on the H200 it is slower than ``torch.mm(X̂, Ŵᵀ)`` on the BF16 Ŵ at decode sizes, and
+its timing floor (``decode=False``: the same loads and MMAs without the decode arithmetic) is no faster than cuBLAS
+(``scripts/bench_fp4w_gemm.py``; the numbers are in benchmarks/RESULTS.md, 2026-12-04).
 ``tests/minite_kernels/test_fp4w_gemm.py`` loads it by path and checks it against the reference.
 
 For weight row n (an output column) and K block j of 16 values, with ``d`` the per-block decode factor of

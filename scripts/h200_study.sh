@@ -118,7 +118,7 @@ norm_quant_step)
     ;;
 decode_check)
     need_site
-    # the two kernel files alone took more than 330 s on a fresh machine (compiling every launch configuration)
+    # the two kernel files alone took more than 330 s on a fresh machine
     step decode_gpu_tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
         tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py
     step graph_sampler_gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_graph_sampler.py
