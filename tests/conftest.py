@@ -12,6 +12,8 @@ import pytest
 import torch
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# ``import minite_test_support`` in test files (the helpers they share; see that module)
+sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
 QWEN3_TOKENIZER_DIR = REPO_ROOT / "tests" / "assets" / "qwen3_tokenizer"
 
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -8,42 +8,25 @@ On CPU under Triton's interpreter (in a subprocess, tiny shapes); on a GPU compi
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
-import sys
 
 import pytest
 import torch
+from minite_test_support import load_script, rel_l2, spread_bf16
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
 _IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "decode_planes.py"
 
 
 def _planes():
-    """``scripts/decode_planes.py`` as a module (the scripts folder is not a package)."""
-    mod = sys.modules.get("decode_planes")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("decode_planes", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["decode_planes"] = mod
-        spec.loader.exec_module(mod)
-    return mod
+    """``scripts/decode_planes.py`` as a module."""
+    return load_script("decode_planes")
 
 
 def _heavy(m: int, k: int, seed: int) -> torch.Tensor:
-    """Rows and columns spread over ~2^±6: exercises E4M3-subnormal block scales and E2M1 code 0.5."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.exp(2.0 * torch.randn(m, 1, generator=g))
-    return (x * torch.exp(torch.randn(1, k, generator=g))).to(torch.bfloat16).to(_DEV)
-
-
-def _rel(ref: torch.Tensor, y: torch.Tensor) -> float:
-    ref, y = ref.double().cpu(), y.double().cpu()
-    return float((y - ref).norm() / ref.norm())
+    return spread_bf16(m, k, seed).to(_DEV)
 
 
 def _check_decode(batches, n: int, k: int, splits) -> None:
@@ -66,7 +49,7 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
         for split in splits:
             for _ in range(2):  # the second call reuses the split-K counters (they must reset themselves)
                 y = dp.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.float32, split=split)
-                assert _rel(ref, y) < 1e-5, (b, split, _rel(ref, y))
+                assert rel_l2(ref, y) < 1e-5, (b, split, rel_l2(ref, y))
             # the permuted activation layout reads the same values in the same order: same bits
             xperm = dp.permute_for_decode(xqs)
             yp = dp.decode_linear(xperm, xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True)
@@ -78,12 +61,12 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 yo = dp.decode_linear(
                     xperm, xa, *qw_dev, out_dtype=torch.float32, split=split, x_perm=True, one_dot=True
                 )
-                assert _rel(ref, yo) < 1e-5, (b, split)
+                assert rel_l2(ref, yo) < 1e-5, (b, split)
             yb = dp.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
             if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
-                assert _rel(ref, yb) < 8e-3
+                assert rel_l2(ref, yb) < 8e-3
             else:  # the FP32 result, rounded once to nearest-even
-                assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
+                assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, rel_l2(y, yb))
 
 
 def _check_nonfinite() -> None:

@@ -14,13 +14,11 @@ The kernel runs under Triton's CPU interpreter (a subprocess with ``TRITON_INTER
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
-import sys
 
 import pytest
 import torch
+from minite_test_support import load_script, spread_bf16
 
 from minite_kernels.formats.nvfp4 import quantize_nvfp4
 
@@ -28,25 +26,11 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'mini
 
 _IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "fp4w_gemm.py"
 
 
 def _fp4w():
     """``scripts/fp4w_gemm.py`` as a module."""
-    mod = sys.modules.get("fp4w_gemm")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("fp4w_gemm", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["fp4w_gemm"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-def _spread(m: int, k: int, seed: int) -> torch.Tensor:
-    """Rows and columns spread over ~2^±6 (E4M3-subnormal block scales, E2M1 code 0.5), in BF16."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.exp(2.0 * torch.randn(m, 1, generator=g))
-    return (x * torch.exp(torch.randn(1, k, generator=g))).to(torch.bfloat16)
+    return load_script("fp4w_gemm")
 
 
 def _weights(ns: tuple[int, ...], k: int, device, seed: int = 0):
@@ -55,7 +39,7 @@ def _weights(ns: tuple[int, ...], k: int, device, seed: int = 0):
     pk = _fp4w().PackedFP4.empty(sum(ns), k, device)
     w_hat, row = [], 0
     for i, n in enumerate(ns):
-        w = _spread(n, k, seed + i)
+        w = spread_bf16(n, k, seed + i)
         w[0, :16] = 0  # an all-zero block: scale 0
         w[-1, 16:32] = -w[-1, 16:32].abs()  # negative codes only
         q = quantize_nvfp4(w, tile=(16, 16))
@@ -65,7 +49,7 @@ def _weights(ns: tuple[int, ...], k: int, device, seed: int = 0):
 
 
 def _x_hat(m: int, k: int, device, seed: int) -> torch.Tensor:
-    return quantize_nvfp4(_spread(m, k, seed), scaling="per_token").dequantize().to(torch.bfloat16).to(device)
+    return quantize_nvfp4(spread_bf16(m, k, seed), scaling="per_token").dequantize().to(torch.bfloat16).to(device)
 
 
 def _reference(x_hat, w_hat, bias=None):

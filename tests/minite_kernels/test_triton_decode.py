@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from minite_test_support import rel_l2, spread_bf16
 
 from minite_kernels.options import Options, use_options
 
@@ -34,15 +35,7 @@ _PDL = _pdl_here()
 
 
 def _heavy(m: int, k: int, seed: int) -> torch.Tensor:
-    """Rows and columns spread over ~2^±6: exercises E4M3-subnormal block scales and E2M1 code 0.5."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.exp(2.0 * torch.randn(m, 1, generator=g))
-    return (x * torch.exp(torch.randn(1, k, generator=g))).to(torch.bfloat16).to(_DEV)
-
-
-def _rel(ref: torch.Tensor, y: torch.Tensor) -> float:
-    ref, y = ref.double().cpu(), y.double().cpu()
-    return float((y - ref).norm() / ref.norm())
+    return spread_bf16(m, k, seed).to(_DEV)
 
 
 def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4, 1, True),)) -> None:
@@ -88,7 +81,7 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                     "stages": stages,
                 }
                 y = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.float32, **kw)
-                assert _rel(ref, y) < 1e-5, (b, split, bn, bkb, bb, _rel(ref, y))
+                assert rel_l2(ref, y) < 1e-5, (b, split, bn, bkb, bb, rel_l2(ref, y))
                 if also_prefetch and split is None:
                     kp = {**kw, "stages": 1}
                     yr = decode_linear_pairs(
@@ -103,9 +96,9 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                         assert torch.equal(yp, y), (b, split, bn, bkb, bb, pdl)
                 yb = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.bfloat16, **kw)
                 if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
-                    assert _rel(ref, yb) < 8e-3
+                    assert rel_l2(ref, yb) < 8e-3
                 else:  # the FP32 result, rounded once to nearest-even
-                    assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, _rel(y, yb))
+                    assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, rel_l2(y, yb))
 
 
 def _check_pdl_chain() -> None:
@@ -213,7 +206,7 @@ def _check_backend_routing() -> None:
     assert torch.equal(
         qx.dequantize(torch.float32).cpu(), quantize_nvfp4(x.cpu(), scaling="per_token").dequantize()
     )
-    assert _rel(ref, y) < 1e-5
+    assert rel_l2(ref, y) < 1e-5
     try:
         backend.clear_cache()  # a ROCm build (no PTX): the GEMM path, not the decode kernel
         from minite_kernels.backends.triton import backend as tb
@@ -222,7 +215,7 @@ def _check_backend_routing() -> None:
         try:
             assert backend.quantize(x, spec.a).qs_decode is None
             y_rocm = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
-            assert _rel(ref, y_rocm) < 1e-5
+            assert rel_l2(ref, y_rocm) < 1e-5
         finally:
             tb.PAIR_KERNEL_OK = True
         backend.clear_cache()  # one row more: the GEMM path, not the decode kernel
@@ -234,7 +227,7 @@ def _check_backend_routing() -> None:
         assert qsr.qs_decode is None
         y_sr = backend.qgemm_nt(None, None, sr, spec.b, a_quantized=qsr, b_quantized=qw, out_dtype=torch.float32)
         ref_sr = qsr.dequantize(torch.float32).cpu().double() @ qw.dequantize(torch.float32).cpu().double().t()
-        assert _rel(ref_sr, y_sr) < 1e-5
+        assert rel_l2(ref_sr, y_sr) < 1e-5
         from minite_kernels.backends.triton._common import pdl_mode
 
         assert pdl_mode() == "off"  # the default
@@ -252,7 +245,7 @@ def _check_backend_routing() -> None:
             assert backend.quantize(x, spec.a).qs_decode is None
             backend.clear_cache()
             y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
-        assert _rel(ref, y_off) < 1e-5
+        assert rel_l2(ref, y_off) < 1e-5
         with pytest.raises(ValueError, match="MINITE_TRITON_DECODE='sometimes' is not valid; valid: auto, off"):
             Options.from_env({"MINITE_TRITON_DECODE": "sometimes"})
     finally:
