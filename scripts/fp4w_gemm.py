@@ -36,9 +36,9 @@ import triton.language as tl
 
 from minite_kernels.backends.triton._common import interpret_mode
 from minite_kernels.backends.triton.decode import _workspace
+from minite_kernels.backends.triton.norm_quant import _round
 from minite_kernels.backends.triton.nvfp4_jit import _decode_factor, _e4m3_decode
 from minite_kernels.backends.triton.quantize import _num_sms
-from minite_kernels.backends.triton.quantize_bf16 import _bf16_bits
 
 #: the most activation rows one program holds (one M tile); more rows take several M tiles
 MAX_BLOCK_M = 64
@@ -71,18 +71,11 @@ def _w_halves(codes_ptr, scales_ptr, amax_w, offs_n, nmask, k0, K, BLOCK_N: tl.c
 
 
 @triton.jit
-def _as_bf16_values(v):
-    """fp32 ``v`` rounded to BF16 (nearest even) on its bits, kept as fp32 (the interpreter truncates casts)."""
-    return (_bf16_bits(v, True) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _epilogue(acc, bias_ptr, offs_n, nmask, HAS_BIAS: tl.constexpr, RNE_INT: tl.constexpr):
     """bf16(acc), then bf16(that + b) with a bias: as ``torch.mm`` then ``+ b`` round (values as fp32)."""
-    y = (_bf16_bits(acc, RNE_INT) << 16).to(tl.float32, bitcast=True)
+    y = _round(acc, RNE_INT)
     if HAS_BIAS:
-        b = tl.load(bias_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        y = (_bf16_bits(y + b[None, :], RNE_INT) << 16).to(tl.float32, bitcast=True)
+        y = _round(y + tl.load(bias_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :], RNE_INT)
     return y
 
 
@@ -111,8 +104,8 @@ def _fp4w_gemm_kernel(x_ptr, codes_ptr, scales_ptr, wamax_ptr, bias_ptr, y_ptr, 
         x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
         w_even, w_odd = _w_halves(codes_ptr, scales_ptr, amax_w, offs_n, nmask, k0, K, BLOCK_N, BLOCK_K, DECODE)
         if INTERP:
-            acc = tl.dot(x_even.to(tl.float32), tl.trans(_as_bf16_values(w_even)), acc)
-            acc = tl.dot(x_odd.to(tl.float32), tl.trans(_as_bf16_values(w_odd)), acc)
+            acc = tl.dot(x_even.to(tl.float32), tl.trans(_round(w_even, True)), acc)
+            acc = tl.dot(x_odd.to(tl.float32), tl.trans(_round(w_odd, True)), acc)
         else:
             acc = tl.dot(x_even, tl.trans(w_even.to(tl.bfloat16)), acc)
             acc = tl.dot(x_odd, tl.trans(w_odd.to(tl.bfloat16)), acc)
