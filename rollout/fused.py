@@ -84,19 +84,27 @@ FUNCTIONS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope_s
              "silu_mul": silu_mul, "draw": draw}
 
 
-#: compiled variants each function may hold. A process compiles one per model dtype, head layout (with or
-#: without q/k norms) and sampling setting it meets (a trainer with eval: a few; the test suite: dozens), and
-#: with ``fullgraph=True`` Dynamo's default of 8 is a hard error, not a fallback.
-RECOMPILE_LIMIT = 64
+#: compiled variants each function may hold. Each is compiled for static shapes: one per batch bucket, model dtype,
+#: head layout (with or without q/k norms), cache length and sampling setting a process meets (a trainer with
+#: eval: a few dozen; the GPU test suite: more), and with ``fullgraph=True`` Dynamo's default of 8 is a hard
+#: error, not a fallback. The engine calls the functions only in eager steps, so checking many entries'
+#: guards costs nothing per replayed token.
+RECOMPILE_LIMIT = 512
 
 
 @functools.lru_cache(maxsize=None)
 def compiled(name: str):
-    """``torch.compile`` of one of :data:`FUNCTIONS` (dynamic batch, one graph, no CUDA graphs of its own:
-    the engine captures the whole step itself), called under :data:`RECOMPILE_LIMIT`. The engine calls it
-    only in eager steps (a graph's capture and warm-up), so the config patch per call costs nothing per
-    replayed token."""
-    fn = torch.compile(FUNCTIONS[name], dynamic=True, fullgraph=True)
+    """``torch.compile`` of one of :data:`FUNCTIONS` (static shapes, one graph, no CUDA graphs of its own: the
+    engine captures the whole step itself), called under :data:`RECOMPILE_LIMIT`. The engine calls it only in
+    eager steps (a graph's capture and warm-up), so the config patch per call costs nothing per replayed token.
+
+    Why static shapes: with ``dynamic=True`` Dynamo keeps entries whose guards overlap (one compiled for batch 8
+    with the duck-sized guard ``cache rows == batch``, a later general one for any batch >= 2) and runs the most
+    recent one that admits the input. Two entries may round a bf16 result differently, so the bits a call
+    computes depended on which batch sizes the process had met before: on the H200 a bf16 engine's first run
+    drew other tokens than the same run repeated (``scripts/check_rerun_determinism.py``). Static entries
+    have disjoint guards (exact sizes and strides), so an input always meets the same kernel."""
+    fn = torch.compile(FUNCTIONS[name], dynamic=False, fullgraph=True)
 
     @functools.wraps(FUNCTIONS[name])
     def call(*args):

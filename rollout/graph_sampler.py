@@ -390,9 +390,11 @@ class GraphSampler(Sampler):
         st.tok[:b].copy_(tok)
 
     def _step(self, st: _State, b: int, s: int, params: SamplingParams) -> None:
-        """One decode step of the first ``b`` rows over the first ``s`` cache slots: the body that is captured."""
-        keys = [k[:b, :, :s] for k in st.keys]
-        values = [v[:b, :, :s] for v in st.values]
+        """One decode step of the first ``b`` rows over the first ``s`` cache slots: the body that is captured.
+        The step gets the cache rows at full length (so the fused functions' shapes depend on ``b`` only, one
+        compiled entry per bucket); the SDPA attention reads the first ``s`` slots of them."""
+        keys = [k[:b] for k in st.keys]
+        values = [v[:b] for v in st.values]
         if self.attention == "triton":
             start, end = st.start[:b], st.slot + 1
             splits = attn.num_splits(b, self.view.num_kv_heads, s, self._sms)
@@ -408,7 +410,7 @@ class GraphSampler(Sampler):
             mask = st.valid[:b, :s]
 
             def attend(q, k, v, scale):
-                return attn.decode_attention_ref(q, k, v, mask, scale)
+                return attn.decode_attention_ref(q, k[:, :, :s], v[:, :, :s], mask, scale)
         logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns,
                                self._packed.layers if self._packed is not None else None, self.norm_quant,
                                self._packed.down if self._packed is not None else None)

@@ -61,3 +61,30 @@ def test_compiled_functions_take_more_variants_than_dynamos_default():
         dt = (torch.float32, torch.float64)[i % 2]
         x = torch.ones((2,) * (1 + i // 2), dtype=dt)
         torch.testing.assert_close(fn(x, x), FUNCTIONS["silu_mul"](x, x))
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_bits_do_not_depend_on_the_batches_met_before():
+    """A compiled function gives an input the same bits whatever the process called it with before. The engine's
+    pattern: bf16 cache views of an 8-row cache at batch 8, then 4, 2 and 1 as rows finish, then 8 again in the
+    next call. With overlapping dynamic-shape entries the second batch-8 call ran another kernel than the first
+    and wrote other bf16 keys on the H200."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    rows, hq, hkv, d, s = 8, 4, 2, 16, 128
+    dt, dev = torch.bfloat16, "cuda"
+    q, k, v = (torch.randn(rows, 1, h, d, generator=g).to(dev, dt) for h in (hq, hkv, hkv))
+    wq, wk = (torch.randn(d, generator=g).to(dev, dt) for _ in range(2))
+    cos, sin = (torch.randn(rows, 1, d, generator=g).to(dev, dt) for _ in range(2))
+    slot = torch.tensor([4], device=dev)
+    fn = compiled("qk_norm_rope_store")
+
+    def call(b):
+        cache = torch.zeros(2, rows, hkv, s, d, dtype=dt, device=dev)
+        return fn(q[:b], k[:b], v[:b], wq, wk, 1e-6, cos[:b], sin[:b], cache[0, :b], cache[1, :b], slot), cache
+
+    first = call(8)
+    for b in (4, 2, 1):
+        call(b)
+    again = call(8)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
