@@ -103,8 +103,15 @@ def compiled(name: str):
     recent one that admits the input. Two entries may round a bf16 result differently, so the bits a call
     computes depended on which batch sizes the process had met before: on the H200 a bf16 engine's first run
     drew other tokens than the same run repeated (``scripts/check_rerun_determinism.py``). Static entries
-    have disjoint guards (exact sizes and strides), so an input always meets the same kernel."""
-    fn = torch.compile(FUNCTIONS[name], dynamic=False, fullgraph=True)
+    have disjoint guards (exact sizes and strides), so an input always meets the same kernel.
+
+    Inductor's deterministic mode (where this torch has it) keeps the kernels' reduction block sizes off the
+    timing-based autotuner: those knobs change the summation order, so a new process (a resumed run) could
+    otherwise pick other kernels than the process it resumes and draw other tokens."""
+    import torch._inductor.config as inductor_config
+
+    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else None
+    fn = torch.compile(FUNCTIONS[name], dynamic=False, fullgraph=True, options=options)
 
     @functools.wraps(FUNCTIONS[name])
     def call(*args):

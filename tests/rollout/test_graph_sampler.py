@@ -541,3 +541,37 @@ def test_norm_quant_needs_packed_nvfp4_groups():
         GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True)
     with pytest.raises(ValueError, match="norm_quant must be True or False"):
         GraphSampler(model, tok, graphs=False, fused=True, norm_quant="yes")
+
+
+def _stop_scenario() -> list[dict]:
+    """The bf16 compaction scenario of ``test_gpu_graph_replay_equals_eager_bf16_every_bucket`` with graphs, as
+    plain data (tokens and log-probs per row)."""
+    model, tok = _cuda_model(dtype=torch.bfloat16)
+    prompts = _prompts(512)
+    free = GraphSampler(model, tok, graphs=False).generate(prompts, SamplingParams(max_new_tokens=24, seed=2))
+    stops = tuple(sorted({free[i].token_ids[3 * i] for i in range(7)} - set(free[7].token_ids)))
+    p = SamplingParams(max_new_tokens=24, seed=2, stop_token_ids=stops)
+    out = GraphSampler(model, tok, check_every=1).generate(prompts, p)
+    return [{"tokens": c.token_ids, "logprobs": c.logprobs} for c in out]
+
+
+@gpu
+def test_gpu_new_process_draws_what_this_process_draws():
+    """A resumed run is a new process: it must draw the tokens (and log-probs, bit for bit) that a process with
+    another history of batch sizes, compiles and captures draws. This process first meets other batch sizes and
+    sampling settings; the child process meets only the scenario."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    model, tok = _cuda_model(dtype=torch.bfloat16)
+    for n, seed in ((3, 5), (5, 6), (1, 7)):
+        GraphSampler(model, tok, check_every=2).generate(_prompts(512)[:n], SamplingParams(max_new_tokens=9, seed=seed))
+    here = _stop_scenario()
+    root = pathlib.Path(__file__).resolve().parents[2]
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import test_graph_sampler as t; "
+            "print(json.dumps(t._stop_scenario()))")
+    child = subprocess.run([sys.executable, "-c", code, str(root), str(root / "tests" / "rollout")],
+                           capture_output=True, text=True, timeout=600, check=True)
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == here
