@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (CPU smoke test)")
     ap.add_argument("--profile", default=None, help="directory for per-variant kernel tables")
+    ap.add_argument("--timed-reduction-configs", action="store_true",
+                    help="compile the engine's fused functions without Inductor's deterministic mode (reduction "
+                         "block sizes chosen by timing): what the engine's reproducibility across processes costs")
     a = ap.parse_args(argv)
     bad = [v for v in a.variants.split(",") if v not in VARIANTS]
     if bad:
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
 
+    if a.timed_reduction_configs:
+        compile_ = torch.compile
+        torch.compile = lambda fn, **kw: compile_(fn, **{k: v for k, v in kw.items() if k != "options"})
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
@@ -208,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
            "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype, "seqs": a.seqs,
            "max_new_tokens": T, "prompt_tokens_max": max(len(p) for p in prompts), "reps": a.reps,
            "copy_bw_bytes_per_s": bw, "torch": torch.__version__, "results": results,
+           "timed_reduction_configs": a.timed_reduction_configs,
            "relative_to_graph_bf16": speedup,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(out))
