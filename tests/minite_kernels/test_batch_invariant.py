@@ -7,16 +7,13 @@ On CPU under Triton's interpreter (``interp_`` tests, in a subprocess); on a GPU
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from minite_test_support import interp_only
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
-_interp_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="runs inside the interpreter subprocess")
 gpu = pytest.mark.gpu
 
 
@@ -93,22 +90,22 @@ def _check_attention(dev: str, dtype: torch.dtype, d: int = 16, length: int = 75
     assert torch.equal(none, torch.zeros_like(none))
 
 
-@_interp_only
+@interp_only
 def test_interp_linear_fp32():
     _check_linear("cpu", 70, 80, 100, torch.float32)
 
 
-@_interp_only
+@interp_only
 def test_interp_linear_bf16():
     _check_linear("cpu", 37, 70, 48, torch.bfloat16)
 
 
-@_interp_only
+@interp_only
 def test_interp_rows():
     _check_rows("cpu", 2100)
 
 
-@_interp_only
+@interp_only
 def test_interp_attention():
     _check_attention("cpu", torch.float32)
 

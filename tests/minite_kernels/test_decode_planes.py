@@ -8,15 +8,12 @@ On CPU under Triton's interpreter (in a subprocess, tiny shapes); on a GPU compi
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from minite_test_support import load_script, rel_l2, spread_bf16
+from minite_test_support import IN_INTERPRETER, load_script, rel_l2, spread_bf16
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -63,7 +60,7 @@ def _check_decode(batches, n: int, k: int, splits) -> None:
                 )
                 assert rel_l2(ref, yo) < 1e-5, (b, split)
             yb = dp.decode_linear(xqs, xa, *qw_dev, out_dtype=torch.bfloat16, split=split)
-            if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
+            if IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
                 assert rel_l2(ref, yb) < 8e-3
             else:  # the FP32 result, rounded once to nearest-even
                 assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, rel_l2(y, yb))
@@ -151,7 +148,7 @@ if torch.cuda.is_available():
         _check_nonfinite()
         _check_bad_input()
 
-elif _IN_INTERPRETER:
+elif IN_INTERPRETER:
 
     def test_decode_planes_interpreted():
         _check_decode((1, 3, 8, 16), 48, 128, (None, 2))

@@ -8,10 +8,9 @@ interpreter here (a subprocess with ``TRITON_INTERPRET=1``) and compiled on a GP
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from minite_kernels.backends import get_backend
 from minite_kernels.modules import Linear, WeightCache, qlinear
@@ -20,8 +19,6 @@ from minite_kernels.options import Options, use_options
 from minite_kernels.recipes import get_qlinear_params
 
 LANE = "nvfp4_per_token_bf16_bwd"
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 def recipe(name: str):
@@ -199,27 +196,27 @@ def test_fast_lane_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 def test_interp_lane_equals_generic_bitwise(minite_options):
     _lane_equals_generic("cpu", minite_options)
 
 
-@_interp_only
+@interp_only
 def test_interp_lane_quantizer_equals_generic_quantizer():
     _lane_quantizer_equals_generic_quantizer("cpu")
 
 
-@_interp_only
+@interp_only
 def test_interp_shared_input_is_quantized_once(monkeypatch, minite_options):
     _shared_input_quantized_once("cpu", monkeypatch, minite_options)
 
 
-@_interp_only
+@interp_only
 def test_interp_ineligible_calls_take_the_generic_path(minite_options):
     _ineligible_calls_take_the_generic_path("cpu", minite_options)
 
 
-@_interp_only
+@interp_only
 def test_interp_lane_under_auto_routing(minite_options):
     _lane_under_auto_routing("cpu", minite_options)
 

@@ -14,18 +14,13 @@ The kernel runs under Triton's CPU interpreter (a subprocess with ``TRITON_INTER
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from minite_test_support import load_script, spread_bf16
+from minite_test_support import interp_only, load_script, spread_bf16
 
 from minite_kernels.formats.nvfp4 import quantize_nvfp4
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
-
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 def _fp4w():
@@ -117,7 +112,7 @@ def test_fp4w_gemm_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 @pytest.mark.parametrize(
     "m,ns,k,bias", [(1, (32,), 64, False), (5, (48, 16), 128, True), (20, (16, 32, 16), 64, False)]
 )
@@ -125,7 +120,7 @@ def test_interp_matches_reference(m, ns, k, bias):
     _check(m, ns, k, "cpu", _INTERP_CONFIGS, bias=bias, seed=m)
 
 
-@_interp_only
+@interp_only
 def test_interp_worked_example_and_bad_inputs():
     _worked_example("cpu")
     _bad_inputs("cpu")

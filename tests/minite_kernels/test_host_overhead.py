@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from minite_kernels.backends import get_backend
 from minite_kernels.backends.base import Backend
@@ -273,15 +273,13 @@ def test_gemm_mode_follows_the_options(minite_options):
 
 
 # --- the Triton backend's plumbing, with its kernels run by Triton's CPU interpreter -------------------------
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 def test_triton_plumbing_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 @pytest.mark.parametrize(
     "name, mode",
     [
@@ -307,7 +305,7 @@ def test_interp_triton_dense_equals_generic(name, mode, minite_options):
     assert ((y - y_ref).norm() / y_ref.norm()).item() < 1e-2
 
 
-@_interp_only
+@interp_only
 def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(minite_options):
     """``save_activations="dequantized"`` saves the forward's BF16 ``deq`` (1 tensor) instead of the packed
     operand (data, scales, amax, nonfinite: 4 tensors); gradients are bit-identical (deq is bit-equal to

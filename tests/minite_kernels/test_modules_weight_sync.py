@@ -8,17 +8,15 @@ with a reason and keep their own path. Kernels run under Triton's interpreter (s
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from minite_kernels.modules import Linear
 from minite_kernels.optim import AdamW
 from minite_kernels.recipes import get_qlinear_params
 
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 LANE = "nvfp4_per_token_bf16_bwd"
 
 
@@ -79,7 +77,7 @@ def test_weight_sync_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 def test_interp_sync_matches_own_requantization():
     from minite_kernels.backends.triton import TritonBackend
 

@@ -9,17 +9,13 @@ run under Triton's CPU interpreter (a subprocess with ``TRITON_INTERPRET=1``) an
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from minite_test_support import interp_only
 
 from minite_kernels.formats.nvfp4 import quantize_nvfp4
 from rollout.fused import rms_norm
-
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 def _inputs(m: int, k: int, device, seed: int = 0):
@@ -98,19 +94,19 @@ def test_norm_quant_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 @pytest.mark.parametrize("m,k,residual", [(1, 16, True), (3, 64, False), (5, 1024, True), (2, 2560, True)])
 def test_interp_matches_reference(m, k, residual):
     _check(m, k, "cpu", residual)
 
 
-@_interp_only
+@interp_only
 @pytest.mark.parametrize("m,k", [(1, 16), (5, 3072)])
 def test_interp_silu_mul_matches_reference(m, k):
     _check_silu(m, k, "cpu")
 
 
-@_interp_only
+@interp_only
 def test_interp_worked_example_and_bad_inputs():
     _worked_example("cpu")
     _bad_inputs("cpu")

@@ -9,16 +9,13 @@ amax_from=optimizer)`` must give the same bytes as its own amax pass.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from minite_test_support import interp_only, no_interp
 
 from minite_kernels.optim import AdamW, adamw_reference_
 
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
-_no_interp = pytest.mark.skipif(_IN_INTERPRETER, reason="CPU reference tests run outside the interpreter")
 HP = {"lr": 1e-2, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.1}
 
 
@@ -33,7 +30,7 @@ def _grads(params, step, seed=1):
 
 
 # --- CPU: the reference path -------------------------------------------------------------------------------
-@_no_interp
+@no_interp
 def test_worked_example_from_the_docstring():
     # θ = 1, g = 2, γ = 0.1, λ = 0, ε = 0: m = 0.1·2 = 0.2, v = 0.001·4 = 0.004, m̂ = 2, v̂ = 4,
     # θ ← 1 - 0.1·2/2 = 0.9 and amax = 0.9
@@ -45,7 +42,7 @@ def test_worked_example_from_the_docstring():
     assert opt.amax(p).item() == p.abs().item()
 
 
-@_no_interp
+@no_interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_tracks_torch_adamw_and_amax_is_exact(dtype):
     ours, theirs = _params("cpu", dtype), _params("cpu", dtype)
@@ -69,7 +66,7 @@ def test_reference_tracks_torch_adamw_and_amax_is_exact(dtype):
         assert set(opt.state[a]) == set(ref.state[b]) == {"step", "exp_avg", "exp_avg_sq"}
 
 
-@_no_interp
+@no_interp
 def test_nan_parameter_poisons_its_amax_and_skipped_params_keep_theirs():
     a, b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.full((3,), -2.0))
     opt = AdamW([a, b], lr=0.1, weight_decay=0.0)
@@ -83,7 +80,7 @@ def test_nan_parameter_poisons_its_amax_and_skipped_params_keep_theirs():
     assert opt.amax(b).item() == amax_b and opt.state[b]["step"].item() == 1
 
 
-@_no_interp
+@no_interp
 def test_state_dict_round_trips_with_torch_adamw():
     ours, theirs = _params("cpu", torch.float32), _params("cpu", torch.float32)
     opt = AdamW(ours, **HP)
@@ -99,7 +96,7 @@ def test_state_dict_round_trips_with_torch_adamw():
         assert back.state[p]["step"].item() == 1
 
 
-@_no_interp
+@no_interp
 def test_amax_current_follows_in_place_changes():
     ps = _params("cpu", torch.float32)
     opt = AdamW(ps, **HP)
@@ -115,7 +112,7 @@ def test_amax_current_follows_in_place_changes():
         opt.amax(torch.zeros(2))
 
 
-@_no_interp
+@no_interp
 def test_bad_options_name_the_valid_ones():
     p = [torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ValueError, match=r"amsgrad=True.*valid here: lr, betas, eps, weight_decay"):
@@ -195,12 +192,12 @@ def test_kernels_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 def test_interp_kernel_equals_reference():
     _kernel_equals_reference("cpu")
 
 
-@_interp_only
+@interp_only
 def test_interp_requantizer_takes_the_optimizer_amax():
     _requantizer_with_optimizer_amax("cpu", cuda_graph=False)
 

@@ -2,11 +2,10 @@
 interpreter), so results do not depend on batch shape."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from minite_test_support import IN_INTERPRETER, interp_only
 
 from minite_kernels.strict import StrictMode
 
@@ -51,7 +50,6 @@ def test_dtype_argument_and_non_float_ops():
 
 
 # ------------------------------------------------------------------------------- the kernels (CUDA's way)
-_interp = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _padded_batch(dev, dtype=torch.float32, d=16, lengths=(9, 5, 12)):
@@ -111,7 +109,7 @@ def _check_mode_kernels(dev):
     assert torch.allclose(xg.grad, xr.grad, atol=1e-4) and torch.allclose(wg.grad, wr.grad, atol=1e-4)
 
 
-@pytest.mark.skipif(not _interp, reason="runs inside the interpreter subprocess")
+@interp_only
 def test_interp_mode_runs_the_batch_invariant_kernels():
     _check_mode_kernels("cpu")
 
@@ -149,6 +147,6 @@ def test_key_ranges_of_causal_padding_and_broken_masks():
 def test_kernels_choice_is_validated():
     with pytest.raises(ValueError, match="valid: auto, fp64, triton"):
         StrictMode(kernels="fast")
-    if not _interp:
+    if not IN_INTERPRETER:
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), StrictMode(kernels="triton"):
             F.linear(torch.zeros(1, 4), torch.zeros(2, 4))

@@ -4,17 +4,14 @@ not depend on its batch. The ``interp_`` tests run the Triton quantizer in Trito
 (a subprocess); the ``gpu`` tests run it compiled on CUDA."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from minite_test_support import interp_only, no_interp
 
 from minite_kernels.backends import get_backend
 from minite_kernels.recipes import get_qlinear_params
 from minite_kernels.strict import StrictMode, linear_backend
 
-INTERP = os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not INTERP, reason="runs inside the interpreter subprocess")
 gpu = pytest.mark.gpu
 
 SPEC = get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd").fprop
@@ -39,7 +36,7 @@ def test_linear_backend_names():
         linear_backend("triton")
 
 
-@pytest.mark.skipif(INTERP, reason="the plain CPU path (no interpreter)")
+@no_interp
 def test_cpu_without_interpreter_is_the_emulated_backend():
     """On a plain CPU the reference quantizer runs: same bytes and the same GEMM bits as the emulated backend."""
     sb, eb = get_backend("strict", "cpu"), get_backend("emulated", "cpu")

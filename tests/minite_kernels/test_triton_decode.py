@@ -10,17 +10,15 @@ quantizer with the reference bytes, and the BF16 output with the FP32 one rounde
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
-from minite_test_support import rel_l2, spread_bf16
+from minite_test_support import IN_INTERPRETER, rel_l2, spread_bf16
 
 from minite_kernels.options import Options, use_options
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 _DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -95,7 +93,7 @@ def _check_pairs(batches, n: int, k: int, splits, configs=((None, None, None, 4,
                         )
                         assert torch.equal(yp, y), (b, split, bn, bkb, bb, pdl)
                 yb = decode_linear_pairs(xp, out.scales, out.amax, *qw_dev, out_dtype=torch.bfloat16, **kw)
-                if _IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
+                if IN_INTERPRETER:  # the interpreter truncates to bf16: <= 2^-8 relative
                     assert rel_l2(ref, yb) < 8e-3
                 else:  # the FP32 result, rounded once to nearest-even
                     assert torch.equal(yb, y.to(torch.bfloat16)), (b, split, rel_l2(y, yb))
@@ -309,7 +307,7 @@ if torch.cuda.is_available():
         _check_backend_routing()
         _check_bad_input()
 
-elif _IN_INTERPRETER:
+elif IN_INTERPRETER:
 
     def test_decode_pairs_interpreted():
         _check_pairs((1, 6), 40, 96, (None, 2), ((8, 4, 2, 4, 2, True),))

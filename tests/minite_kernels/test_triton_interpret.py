@@ -8,19 +8,15 @@ tests in ``test_triton_kernels.py`` cover the compiled kernels there).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from minite_test_support import IN_INTERPRETER, interp_only
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 if torch.cuda.is_available():  # pragma: no cover - GPU machines run test_triton_kernels.py instead
     pytest.skip(
         "CUDA present: the compiled kernels are tested by test_triton_kernels.py", allow_module_level=True
     )
-
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +26,7 @@ def tk():
     return mod
 
 
-if not _IN_INTERPRETER:
+if not IN_INTERPRETER:
 
     def test_interpreter_suite_in_subprocess(run_interpreted):
         run_interpreted(__file__)
@@ -52,7 +48,7 @@ def _rel(ref, x):
     return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-@_interp_only
+@interp_only
 def test_quantize_bytes_match_reference(tk):
     from minite_kernels.formats import quantize_nvfp4
 
@@ -66,7 +62,7 @@ def test_quantize_bytes_match_reference(tk):
             _same((d, s, a), quantize_nvfp4(inp, scaling=scaling, tile=tile))
 
 
-if _IN_INTERPRETER:
+if IN_INTERPRETER:
     import triton
     import triton.language as tl
 
@@ -79,7 +75,7 @@ if _IN_INTERPRETER:
         tl.store(c_ptr + o, _e2m1_code_rn(tl.load(a_ptr + o, mask=m, other=0.0)), mask=m)
 
 
-@_interp_only
+@interp_only
 def test_e2m1_code_matches_threshold_table(tk):
     from minite_kernels.formats import e2m1_encode
 
@@ -120,7 +116,7 @@ def test_e2m1_code_matches_threshold_table(tk):
     assert torch.equal(c, e2m1_encode(a).to(torch.int32))
 
 
-@_interp_only
+@interp_only
 def test_worked_example_bytes(tk):
     # notes §1.9: tensor amax 10, block amax 6.3 -> s_b = 288 (0x79); packed bytes 80 11 a2 44 5d e6 07 78
     vals = [0.1, -0.25, 0.3, 0.75, 1.0, -1.3, 2.0, 2.5, -3.1, 3.5, 4.2, -5.0, 5.9, 0.0, -0.01, 6.3]
@@ -130,7 +126,7 @@ def test_worked_example_bytes(tk):
     assert s.view(torch.uint8)[0, 0].item() == 0x79 and a.item() == 10.0
 
 
-@_interp_only
+@interp_only
 def test_backend_sr_rht_and_dequantize(tk):
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.recipes import OperandSpec
@@ -144,7 +140,7 @@ def test_backend_sr_rht_and_dequantize(tk):
     assert torch.equal(q.dequantize(torch.bfloat16), ref.dequantize(torch.bfloat16))
 
 
-@_interp_only
+@interp_only
 def test_qgemm_and_decode_match_reference(tk):
     from minite_kernels.formats import quantize_nvfp4
     from minite_kernels.recipes import get_qlinear_params
@@ -165,7 +161,7 @@ def test_qgemm_and_decode_match_reference(tk):
         assert _rel(ref[:b], yd) < 1e-5
 
 
-@_interp_only
+@interp_only
 def test_logprobs_entropy_kernel_matches_torch(tk):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(6, 32, generator=g, requires_grad=True)
@@ -188,7 +184,7 @@ def test_logprobs_entropy_kernel_matches_torch(tk):
         assert torch.allclose(a, b, atol=1e-5)
 
 
-@_interp_only
+@interp_only
 def test_backend_reports_unavailable_on_cpu(tk):
     ok, why = tk.TritonBackend.availability("cpu")
     assert not ok and "CUDA" in why
@@ -228,7 +224,7 @@ def _same_all(out, ref) -> None:
         assert torch.equal(_bits(deq)[fin], _bits(dr)[fin])
 
 
-@_interp_only
+@interp_only
 def test_huge_finite_input_decodes_finite_as_the_reference(tk):
     """amax above FLT_MAX / 448, where TE's decode order overflows: the kernels form the factor as the reference
     does (formats.nvfp4.dequant_factor), bit for bit, and decode to finite values; a row under the limit keeps
@@ -254,7 +250,7 @@ def quant_mod():
     return q
 
 
-@_interp_only
+@interp_only
 def test_bf16_quantize_every_output_matches_reference(tk):
     from minite_kernels.formats import quantize_nvfp4
 
@@ -286,7 +282,7 @@ def test_bf16_quantize_every_output_matches_reference(tk):
     assert torch.equal(_bits(qs), _bits(_qs_ref(ref))) and torch.equal(a, ref.amax)
 
 
-@_interp_only
+@interp_only
 def test_bf16_stochastic_rounding_matches_reference(tk):
     from minite_kernels.formats import quantize_nvfp4, random_bytes
 
@@ -300,7 +296,7 @@ def test_bf16_stochastic_rounding_matches_reference(tk):
         _same_all(out, ref)
 
 
-if _IN_INTERPRETER:
+if IN_INTERPRETER:
     from minite_kernels.backends.triton.quantize_bf16 import _rn_mag, _rn_parts
 
     @triton.jit
@@ -313,7 +309,7 @@ if _IN_INTERPRETER:
         tl.store(v_ptr + o, _rn_mag(t, c, p), mask=m)
 
 
-@_interp_only
+@interp_only
 def test_magic_add_e2m1_rounding_matches_reference_table(tk):
     # ties of the E2M1 grid (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4: RNE), their fp32 neighbours,
     # saturation (> 6, inf), subnormals, signed zeros and random values of both signs
@@ -365,7 +361,7 @@ def _sync_weights():
     return ws
 
 
-@_interp_only
+@interp_only
 def test_grouped_weight_sync_matches_reference_and_per_weight_path(tk, small_tiles):
     from minite_kernels.formats import quantize_nvfp4
 
@@ -384,7 +380,7 @@ def test_grouped_weight_sync_matches_reference_and_per_weight_path(tk, small_til
         _same((q.data, q.scales, q.amax), quantize_nvfp4(w, tile=(16, 16)))
 
 
-@_interp_only
+@interp_only
 def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
     from minite_kernels.formats import quantize_nvfp4
 
@@ -399,7 +395,6 @@ def test_grouped_weight_sync_1x16_chunks_and_ragged_rows(tk, small_tiles):
         _same((p.data, p.scales, p.amax), quantize_nvfp4(w, tile=(1, 16)))
     with pytest.raises(ValueError, match="chunk_bytes"):
         tk.WeightRequantizer(ws, tile16=False, chunk_bytes=0)
-
 
 
 def test_gemm_autotuning_key_buckets_m():

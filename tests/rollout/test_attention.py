@@ -1,15 +1,11 @@
 """Decode attention: the Triton split-K kernel against SDPA with a mask (interpreter on CPU, compiled on GPU)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from rollout.attention import decode_attention_ref, num_splits, valid_mask
-
-_interp_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 CASES = [  # B, Hkv, rep, D, S, splits
     (3, 2, 2, 16, 40, None),
@@ -42,13 +38,13 @@ def test_valid_mask_and_splits():
     assert num_splits(64, 8, 384) == 1 and num_splits(1, 8, 384) == 6 and num_splits(1, 1, 64) == 1
 
 
-@_interp_only
+@interp_only
 def test_interp_kernel_matches_sdpa_fp32():
     pytest.importorskip("triton")
     _check("cpu", torch.float32, atol=1e-5)
 
 
-@_interp_only
+@interp_only
 def test_interp_engine_with_triton_attention_matches_the_loop(tiny_model):
     pytest.importorskip("triton")
     from rollout import GraphSampler, LocalSampler, SamplingParams

@@ -1,11 +1,11 @@
 """The CUDA-graph sampler engine against the reference loop (eager on CPU; captured graphs on the GPU)."""
 from __future__ import annotations
 
-import os
 import types
 
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from rollout import GraphSampler, LocalSampler, SamplingParams, make_sampler
 from rollout.decoder import UnsupportedModel, decoder_view
@@ -497,15 +497,13 @@ def test_gpu_nvfp4_engine_with_and_without_packing():
 
 
 # ----------------------------------------------------------------------------------- Triton interpreter (CPU)
-_IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-_interp_only = pytest.mark.skipif(not _IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
 
 
 def test_graph_sampler_kernels_under_interpreter_in_subprocess(run_interp_tests):
     run_interp_tests(__file__)
 
 
-@_interp_only
+@interp_only
 def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
     """``norm_quant=True``: the packed NVFP4 groups and the down projections take X̂ from the fused kernels (once
     per group and step at more than 4 rows), and the engine samples what it samples without them, up to the

@@ -5,15 +5,19 @@ top-level ``tests`` package of its own.
 - :func:`load_script`: a file of ``scripts/`` as a module (the folder is not a package);
 - :func:`spread_bf16`: BF16 test data whose rows and columns span about 2^±6, which reaches E4M3-subnormal block
   scales and the E2M1 value 0.5 when quantized to NVFP4;
-- :func:`rel_l2`: ``‖y - ref‖ / ‖ref‖`` in float64 on the CPU.
+- :func:`rel_l2`: ``‖y - ref‖ / ‖ref‖`` in float64 on the CPU;
+- :data:`IN_INTERPRETER`, :data:`interp_only`, :data:`no_interp`: where a test runs, inside or outside the
+  Triton-interpreter subprocess.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import sys
 
+import pytest
 import torch
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
@@ -40,3 +44,11 @@ def spread_bf16(m: int, k: int, seed: int) -> torch.Tensor:
 def rel_l2(ref: torch.Tensor, y: torch.Tensor) -> float:
     ref, y = ref.double().cpu(), y.double().cpu()
     return float((y - ref).norm() / ref.norm())
+
+
+#: whether this process runs Triton's CPU interpreter (the ``TRITON_INTERPRET=1`` subprocess that the
+#: ``run_interp_tests`` fixture starts)
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+#: a test that runs only inside that subprocess, and one that runs only outside it
+interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess")
+no_interp = pytest.mark.skipif(IN_INTERPRETER, reason="runs outside the TRITON_INTERPRET=1 subprocess")

@@ -6,10 +6,10 @@ interpreter (``interp_``), on a GPU compiled (``-m gpu``), in both sampler engin
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
+from minite_test_support import interp_only
 
 from minite_kernels import quantize_model
 from minite_kernels.strict import StrictMode
@@ -188,7 +188,7 @@ def _check_kernels_strict(tok_dir, device, recipe, engine, kernels, dtype="float
     return m, tok
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs inside the interpreter subprocess")
+@interp_only
 @pytest.mark.parametrize("engine", ["loop", "graph"])
 def test_interp_kernels_sampler_equals_learner(qwen3_tokenizer_dir, engine):
     # the emulated quantizer: the strict backend's Triton one costs minutes in the interpreter here; its bytes and
