@@ -101,9 +101,9 @@ def compiled(name: str):
     Why static shapes: with ``dynamic=True`` Dynamo keeps entries whose guards overlap (one compiled for batch 8
     with the duck-sized guard ``cache rows == batch``, a later general one for any batch >= 2) and runs the most
     recent one that admits the input. Two entries may round a bf16 result differently, so the bits a call
-    computes depended on which batch sizes the process had met before: on the H200 a bf16 engine's first run
-    drew other tokens than the same run repeated (``scripts/check_rerun_determinism.py``). Static entries
-    have disjoint guards (exact sizes and strides), so an input always meets the same kernel.
+    computes would depend on the batch sizes the process met before, and an engine's first run could draw other
+    tokens than the same run repeated (``scripts/check_rerun_determinism.py --dynamic`` shows it on a GPU).
+    Static entries have disjoint guards (exact sizes and strides), so an input always meets the same kernel.
 
     Inductor's deterministic mode (where this torch has it) keeps the kernels' reduction block sizes off the
     timing-based autotuner: those knobs change the summation order, so a new process (a resumed run) could

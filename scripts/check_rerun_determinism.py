@@ -108,9 +108,8 @@ class _Recorder:
 
 def _trace(model, tok, prompts, stops) -> dict:
     """The first setting's eager1 and eager2, every call recorded; the first call that parts them."""
-    from rollout import GraphSampler, SamplingParams
+    from rollout import GraphSampler, SamplingParams, packed
     from rollout import attention as attn
-    from rollout import packed
 
     rec = _Recorder()
     rec.hook(model)
@@ -158,7 +157,7 @@ def main() -> int:
     if a.dynamic:
         import functools
 
-        @functools.lru_cache(maxsize=None)
+        @functools.cache
         def dynamic(name):
             fn = torch.compile(fused.FUNCTIONS[name], dynamic=True, fullgraph=True)
 
