@@ -112,10 +112,13 @@ def compiled(name: str):
 
     options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else None
     fn = torch.compile(FUNCTIONS[name], dynamic=False, fullgraph=True, options=options)
+    # Dynamo caps a function's entries twice: per set of guarded objects, and in all (default 256)
+    limits = {k: RECOMPILE_LIMIT for k in ("recompile_limit", "accumulated_recompile_limit")
+              if hasattr(torch._dynamo.config, k)}
 
     @functools.wraps(FUNCTIONS[name])
     def call(*args):
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with torch._dynamo.config.patch(**limits):
             return fn(*args)
 
     return call
