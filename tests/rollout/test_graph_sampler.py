@@ -568,8 +568,9 @@ def test_gpu_new_process_draws_what_this_process_draws():
         GraphSampler(model, tok, check_every=2).generate(_prompts(512)[:n], SamplingParams(max_new_tokens=9, seed=seed))
     here = _stop_scenario()
     root = pathlib.Path(__file__).resolve().parents[2]
-    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import test_graph_sampler as t; "
+    code = ("import json, sys; sys.path[:0] = sys.argv[1:]; import test_graph_sampler as t; "
             "print(json.dumps(t._stop_scenario()))")
-    child = subprocess.run([sys.executable, "-c", code, str(root), str(root / "tests" / "rollout")],
+    paths = [root, root / "tests" / "rollout", root / "tests" / "support"]
+    child = subprocess.run([sys.executable, "-c", code, *map(str, paths)],
                            capture_output=True, text=True, timeout=600, check=True)
     assert json.loads(child.stdout.strip().splitlines()[-1]) == here
