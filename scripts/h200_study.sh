@@ -15,6 +15,10 @@
 #   bash scripts/h200_study.sh decode_check     # after carry1: the pair decode kernel, its routing and the
 #                                               # baseline of scripts/decode_planes.py, compiled, against the
 #                                               # references; then the decode benchmark's per-shape table
+#   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
+#                                               # process draws the same tokens), then
+#                                               # scripts/check_rerun_determinism.py as compiled now and with
+#                                               # --dynamic (the overlapping entries it replaced); no carry1
 # The GGUF (94 MB, split in three with `split -n 3 -d` into .carry/) and the working tree (21 MB) are over one
 # call's 64 MiB carry. verl imports ray only for a type hint; ray (79 MB) is not installed there, so
 # scripts/device_shims provides ray.ObjectRef.
@@ -124,6 +128,12 @@ decode_check)
     step graph_sampler_gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_graph_sampler.py
     step bench_decode 200 python3 scripts/bench_decode.py --batches 1,4 --rep 50
     ;;
+determinism)
+    step sampler_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_fused.py \
+        tests/rollout/test_graph_sampler.py
+    step rerun_static 90 python3 scripts/check_rerun_determinism.py
+    step rerun_dynamic 90 python3 scripts/check_rerun_determinism.py --dynamic
+    ;;
 fp4w)
     step fp4w_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_fp4w_gemm.py
     step bench_fp4w 400 python3 scripts/bench_fp4w_gemm.py ${FP4W_ARGS:---sweep} --out "$out/fp4w.jsonl"
@@ -150,7 +160,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|determinism|fp4w" >&2
     exit 2
     ;;
 esac
