@@ -60,11 +60,18 @@ def _host(x):
 
 
 def _same(a, b) -> bool:
+    """Bit for bit (NaNs in the same places count as equal)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(_bits(a), _bits(b)))
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    if x.is_floating_point() and x.element_size() in (2, 4, 8):
+        return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    return x
 
 
 def _maxdiff(a, b) -> float:
@@ -94,9 +101,10 @@ class _Recorder:
     def hook(self, model) -> None:
         leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
         for name, m in leaves:
-            def pre(mod, args, name=name):
+            def pre(mod, args):
                 if self.on:
                     self._stack.append(_host(args))
+
             def post(mod, args, out, name=name):
                 if self.on:
                     before = self._stack.pop()
