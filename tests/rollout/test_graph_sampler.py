@@ -235,15 +235,20 @@ def test_gpu_graphs_match_reference_fp32(kind, tied):
     assert d["decode"] == "cuda_graph" and d["captures"] >= 1 and d["replays"] > 0 and d["capture_s"] > 0
 
 
+def _compaction_params(model, tok, prompts) -> SamplingParams:
+    """24 sampled tokens with stop tokens that end row i (< 7) at its token 3i and never end row 7 (from a free run
+    with the same seed), so that an engine checking every token compacts the 8 rows through every bucket."""
+    free = GraphSampler(model, tok, graphs=False).generate(prompts, SamplingParams(max_new_tokens=24, seed=2))
+    stops = tuple(sorted({free[i].token_ids[3 * i] for i in range(7)} - set(free[7].token_ids)))
+    return SamplingParams(max_new_tokens=24, seed=2, stop_token_ids=stops)
+
+
 @gpu
 def test_gpu_graph_replay_equals_eager_bf16_every_bucket():
     """Replayed graphs compute exactly what the same step computes eagerly (same kernels, same inputs)."""
     model, tok = _cuda_model(dtype=torch.bfloat16)
     prompts = _prompts(512)
-    base = SamplingParams(max_new_tokens=24, seed=2)
-    free = GraphSampler(model, tok, graphs=False).generate(prompts, base)
-    stops = tuple(sorted({free[i].token_ids[3 * i] for i in range(7)} - set(free[7].token_ids)))
-    p = SamplingParams(max_new_tokens=24, seed=2, stop_token_ids=stops)
+    p = _compaction_params(model, tok, prompts)
     eager = GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p)
     eng = GraphSampler(model, tok, graphs=True, check_every=1)
     got = eng.generate(prompts, p)
@@ -546,10 +551,7 @@ def _stop_scenario() -> list[dict]:
     plain data (tokens and log-probs per row)."""
     model, tok = _cuda_model(dtype=torch.bfloat16)
     prompts = _prompts(512)
-    free = GraphSampler(model, tok, graphs=False).generate(prompts, SamplingParams(max_new_tokens=24, seed=2))
-    stops = tuple(sorted({free[i].token_ids[3 * i] for i in range(7)} - set(free[7].token_ids)))
-    p = SamplingParams(max_new_tokens=24, seed=2, stop_token_ids=stops)
-    out = GraphSampler(model, tok, check_every=1).generate(prompts, p)
+    out = GraphSampler(model, tok, check_every=1).generate(prompts, _compaction_params(model, tok, prompts))
     return [{"tokens": c.token_ids, "logprobs": c.logprobs} for c in out]
 
 
