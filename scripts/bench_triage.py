@@ -4,7 +4,8 @@
     python scripts/bench_triage.py --device cuda         # the same on a GPU (CUDA events)
 
 Prints one JSON line. ``ratio`` = median(triage_policy_loss, with the §6 diagnostics) / median(vanilla + TIS);
-``ratio_nodiag`` without the diagnostics; ``ratio_verl`` the registered verl loss "triage" called as
+on CUDA that is the fused pass replayed as a CUDA graph (``TriageConfig.cuda_graphs``, the default), and
+``ratio_eager`` the same loss with its kernels launched one by one; ``ratio_nodiag`` without the diagnostics; ``ratio_verl`` the registered verl loss "triage" called as
 ``ppo_loss`` calls it (what verl runs; only where verl is installed); ``ratio_local`` the same loss as the local
 trainer calls it: the sampler's log-probs directly, the §6 diagnostics left to the once-per-step pass. The baseline is verl's
 ``compute_policy_loss_vanilla`` under ``seq-mean-token-mean`` with token TIS weights (C = 2) computed inline;
@@ -71,7 +72,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     p.add_argument("--profile", action="store_true",
-                   help="also run 5 calls of triage (diagnostics on) and of triage_nodiag under torch.profiler: "
+                   help="also run 5 calls of triage (diagnostics on, graphed and eager) and of triage_nodiag "
+                        "under torch.profiler: "
                         "their costliest kernels in the JSON line (profile)")
     args = p.parse_args()
     if args.iters < 20:
@@ -96,7 +98,7 @@ def main() -> None:
     adv_bt = adv.unsqueeze(-1) * mask
     logp = logp0.clone().requires_grad_()
     mode = "seq-mean-token-mean"
-    full, nodiag = TriageConfig(), TriageConfig(diagnostics=False)
+    full, nodiag, eager = TriageConfig(), TriageConfig(diagnostics=False), TriageConfig(cuda_graphs=False)
 
     def ours(cfg):
         def run():
@@ -145,6 +147,7 @@ def main() -> None:
         cands = {
             "vanilla_tis": vanilla,
             "triage": ours(full),
+            "triage_eager": ours(eager),
             "triage_nodiag": ours(nodiag),
             "triage_verl": through_verl,
             "triage_local": local_trainer,
@@ -157,7 +160,8 @@ def main() -> None:
             loss, _ = vanilla_tis_loss(logp, old, sampler, adv_bt, mask)
             loss.backward()
 
-        cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_nodiag": ours(nodiag)}
+        cands = {"vanilla_tis": vanilla, "triage": ours(full), "triage_eager": ours(eager),
+                 "triage_nodiag": ours(nodiag)}
         baseline = (
             "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
         )
@@ -177,9 +181,11 @@ def main() -> None:
         "baseline": baseline,
         "vanilla_tis_ms": round(base, 3),
         "triage_ms": round(med["triage"], 3),
+        "triage_eager_ms": round(med["triage_eager"], 3),
         "triage_nodiag_ms": round(med["triage_nodiag"], 3),
         "triage_verl_ms": round(med["triage_verl"], 3) if "triage_verl" in med else None,
         "ratio": round(med["triage"] / base, 3),
+        "ratio_eager": round(med["triage_eager"] / base, 3),
         "ratio_nodiag": round(med["triage_nodiag"] / base, 3),
         "ratio_verl": round(med["triage_verl"] / base, 3) if "triage_verl" in med else None,
         "triage_local_ms": round(med["triage_local"], 3) if "triage_local" in med else None,
@@ -193,7 +199,7 @@ def main() -> None:
 
         dev = torch.device(args.device)
         out["profile"] = {}
-        for name in ("triage", "triage_nodiag"):
+        for name in ("triage", "triage_eager", "triage_nodiag"):
             _, summary = profiled(dev, lambda fn=cands[name]: [fn() for _ in range(5)], None, name, top=15)
             out["profile"][name] = {"busy_ms_per_call": round(summary["busy_s"] * 1e3 / 5, 3),
                                     "kernels": [k | {"ms": round(k["ms"] / 5, 4)} for k in summary["kernels"]]}

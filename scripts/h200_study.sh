@@ -15,6 +15,8 @@
 #   bash scripts/h200_study.sh decode_check     # after carry1: the pair decode kernel, its routing and the
 #                                               # baseline of scripts/decode_planes.py, compiled, against the
 #                                               # references; then the decode benchmark's per-shape table
+#   bash scripts/h200_study.sh triage_graphs    # the TRIAGE pass as CUDA graphs: its GPU tests, bench_triage.py at
+#                                               # 256 x 8192, then the whole step (carry .whl)
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -71,10 +73,14 @@ s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['s
 need_site() {
     [ -d /tmp/site ] || { echo "no /tmp/site: the machine went cold; start again with carry1" | tee -a "$out/summary.txt"; exit 1; }
 }
-case "${1:-}" in
-carry1)
+# the wheels of .whl into /tmp/site (needs `carry .whl`)
+install_site() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         > "$out/pip.log" 2>&1 || { echo "pip install failed" >> "$out/summary.txt"; cat "$out/pip.log"; exit 1; }
+}
+case "${1:-}" in
+carry1)
+    install_site
     step imports 60 python3 -c "import verl.trainer.ppo.core_algos, trainers.learner.actor, triage.verl, omegaconf, \
 math_verify, gguf; import ray; print('imports ok', ray.__file__)"
     # issue #21: the batch-invariant kernels and strict mode (its graph sampler captured) against their references
@@ -127,6 +133,15 @@ decode_check)
         tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py
     step graph_sampler_gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_graph_sampler.py
     step bench_decode 200 python3 scripts/bench_decode.py --batches 1,4 --rep 50
+    ;;
+triage_graphs)
+    # issue #18: the TRIAGE pass replayed as CUDA graphs against the eager pass, the loss against vanilla + TIS at
+    # the issue's size with verl's two routes (the wheels: carry .whl); then issue #19's whole step at this commit
+    install_site
+    step triage_gpu_tests 180 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/triage/test_gpu.py
+    step triage_bench 120 python3 scripts/bench_triage.py --device cuda --batch 256 --seqlen 8192 --dtype bf16 --profile
+    [ "${SKIP_TRAINER_BENCH:-0}" = 1 ] || step trainer_bench 280 python3 scripts/bench_trainer.py --reps 3 \
+        --micro-batch 64 --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd
     ;;
 determinism)
     step sampler_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_fused.py \

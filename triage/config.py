@@ -66,6 +66,9 @@ class TriageConfig:
     tis: bool = True
     # compute the §6 diagnostics together with the loss (metrics dict); the loss value does not depend on it
     diagnostics: bool = True
+    # on CUDA, run the fused pass padded to a shape bucket and replayed as a CUDA graph (``triage.graphs``): the
+    # same kernels with one launch; values equal the eager pass's up to the order of fp32 sums
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

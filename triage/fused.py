@@ -20,6 +20,13 @@ non-finite mask is built unconditionally and the gap quantile is taken with a de
 CPU, where a read-back is free, a finiteness check and the token count are read mid-pass to skip work.
 Both paths give identical results (tested). ``triage.reference`` is the plain-autograd
 definition; tests check both agree (values, gradients, metrics).
+
+CUDA graphs: on a GPU the pass is a few hundred small kernels, and launching them costs more than running
+them. With ``TriageConfig.cuda_graphs`` (the default) the pass runs on inputs zero-padded to a shape bucket and,
+from a bucket's second call on, as the replay of a CUDA graph (``triage.graphs``). Padded tokens are masked
+out, so the values are the unpadded pass's up to the order of fp32 sums (bit-equal where the shape is a bucket
+already), and they depend on the input only. The returned per-token tensors are then views of the graph's
+buffers: the callers use them at once and keep only fresh tensors.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ import torch
 from triage.config import TriageConfig
 from triage.diagnostics import named_diagnostics
 from triage.gate import segment_weights
+from triage.graphs import PaddedGraphs, bucket, usable
 from triage.inputs import MASK_VIOLATIONS, as_advantages, as_mask, check_logprob, mask_violations
 from triage.quantile import avoid_host_sync, masked_quantile
 from triage.repair import pseudo_huber
-from triage.segments import segment_count, segment_sum, segment_where
+from triage.segments import num_segments, segment_count, segment_sum, segment_where
 from triage.tis import SAFETY_BOUND
 
 
@@ -72,6 +80,23 @@ class Fused(NamedTuple):
         """``scale * d phi_sum / d logp`` as a ``[B, T]`` tensor."""
         return segment_where(self.repair_member, self.repair_seg_grad * scale, 0.0, seg_len)
 
+    def crop(self, b: int, t: int, repair_seg_len: int) -> Fused:
+        """The pass of zero-padded inputs cut back to the first ``b`` rows and ``t`` tokens (padding is masked, so
+        its sums and counts are those of the unpadded inputs). ``valid`` is copied: verl's aggregation keeps it for
+        backward, after the graph's buffers may have been overwritten."""
+        seg = self.repair_seg_grad
+        return self._replace(
+            k_adv=self.k_adv[:b, :t],
+            u=self.u[:b, :t],
+            r_active=self.r_active[:b, :t],
+            gate_sum=self.gate_sum[:b],
+            row_tokens=self.row_tokens[:b],
+            valid=self.valid[:b, :t].clone(),
+            repair_member=None if self.repair_member is None else self.repair_member[:b, :t],
+            repair_seg_grad=None if seg is None else seg[:b, : num_segments(t, repair_seg_len)],
+            metrics=dict(self.metrics),
+        )
+
 
 def fused_terms(
     logp: torch.Tensor,
@@ -97,12 +122,41 @@ def fused_terms(
     mask = as_mask(mask, "logp", logp)
     adv_in = as_advantages(advantages, "logp", logp)
     with torch.no_grad():
-        lp, old = logp.detach().float(), old_logp.detach().float()
-        src = old - sampler_logp.detach().float() if sampler_logp is not None else gap.detach().float()
-        f = _fused(lp, old, src, adv_in, mask, cfg)
+        if cfg.cuda_graphs and usable(logp.device):
+            src = sampler_logp if sampler_logp is not None else gap
+            f = _padded(logp.detach(), old_logp.detach(), src.detach(), sampler_logp is not None, adv_in, mask, cfg)
+        else:
+            lp, old = logp.detach().float(), old_logp.detach().float()
+            src = old - sampler_logp.detach().float() if sampler_logp is not None else gap.detach().float()
+            f = _fused(lp, old, src, adv_in, mask, cfg)
     if violations is not None:  # checked at the caller's single read-back (raise_on_mask_violations)
         f.metrics[MASK_VIOLATIONS] = violations
     return f
+
+
+#: the buffers and CUDA graphs of :func:`_padded`, one per bucket and setting
+GRAPHS = PaddedGraphs()
+
+
+def _padded(logp, old_logp, src, from_sampler: bool, adv, mask, cfg: TriageConfig) -> Fused:
+    """:func:`_fused` on inputs zero-padded to their bucket (``triage.graphs``): ``B`` to :func:`bucket`, ``T``
+    also to a multiple of both segment lengths, so that the padding adds whole, empty segments. ``src`` is the
+    sampler's log-probs (``from_sampler``) or the gap itself; ``adv`` is ``[B, T]``, a broadcast view of ``[B]``
+    advantages being carried as ``[B]``."""
+    b, t = logp.shape
+    bp, tp = bucket(b), bucket(t, math.lcm(cfg.gate_segment_len, cfg.repair_segment_len))
+    rows = t > 1 and adv.stride(-1) == 0
+    adv_in, adv_shape = (adv[:, 0], (bp,)) if rows else (adv, (bp, tp))
+
+    def run(lp, old, src_, a, m):
+        gap = old - src_ if from_sampler else src_
+        return _fused(lp, old, gap, a.unsqueeze(-1).expand(bp, tp) if rows else a, m, cfg)
+
+    key = (logp.device, bp, tp, rows, from_sampler, cfg)
+    f32 = torch.float32
+    f = GRAPHS.run(key, run, (logp, old_logp, src, adv_in, mask), ((bp, tp),) * 3 + (adv_shape, (bp, tp)),
+                   (f32, f32, f32, f32, torch.bool))
+    return f.crop(b, t, cfg.repair_segment_len)
 
 
 def _fused(lp, old, gap, adv, mask, cfg: TriageConfig) -> Fused:

@@ -55,8 +55,8 @@ def triage_policy_loss(
         rows = (f.row_tokens > 0).sum().clamp(min=1)
         # row scale -1 / (sum_t m g * #rows): the sign turns k_adv = g w A into the weight of u in l = -A u
         k = f.k_adv.mul_((-1.0 / (f.gate_sum.clamp(min=1e-30) * rows)).unsqueeze(-1))
-        pg = torch.dot(k.view(-1), f.u.view(-1))
-        grad = f.r_active.mul_(k)
+        pg = torch.dot(k.reshape(-1), f.u.reshape(-1))  # (views of padded buffers under CUDA graphs)
+        grad = f.r_active * k  # a fresh tensor: backward keeps it
         total = pg
         metrics = f.metrics
         metrics["triage/pg_loss"] = pg

@@ -231,7 +231,7 @@ def compute_policy_loss_triage(
         # response-wise factor c_i = sum_t m / sum_t m g (TRIAGE.md §3); the sign makes l = -A u
         k = f.k_adv.mul_((-f.row_tokens / f.gate_sum.clamp(min=1e-30)).unsqueeze(-1))
         loss_mat = k * f.u
-        grad = f.r_active.mul_(k)
+        grad = f.r_active * k  # fresh tensors: backward keeps them, and f's may be a graph's buffers
     loss_mat = AttachGrad.apply(log_prob, loss_mat, grad)
     loss = agg_loss(loss_mat=loss_mat, loss_mask=f.valid, loss_agg_mode=loss_agg_mode, **gbi)
 

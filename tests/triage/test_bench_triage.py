@@ -14,8 +14,8 @@ def test_bench_triage_cpu_smoke_with_profile():
                           "--iters", "20", "--warmup", "1", "--threads", "1", "--profile"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     d = json.loads(out.strip().splitlines()[-1])
-    assert d["ratio"] > 0 and d["ratio_nodiag"] > 0 and d["iters"] == 20
-    for name in ("triage", "triage_nodiag"):
+    assert d["ratio"] > 0 and d["ratio_eager"] > 0 and d["ratio_nodiag"] > 0 and d["iters"] == 20
+    for name in ("triage", "triage_eager", "triage_nodiag"):
         prof = d["profile"][name]
         assert prof["busy_ms_per_call"] > 0 and prof["kernels"]
         # a table of named operators (which ones lead depends on the load of the machine)
