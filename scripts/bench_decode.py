@@ -37,6 +37,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from timing import gpu_us  # scripts/ is on sys.path when run as a script
 
 QWEN3_4B = (
     ("q_proj", 4096, 2560),
@@ -62,10 +63,6 @@ SWEEP = (
 )
 
 
-def _us(fn, rep: int) -> float:
-    from triton.testing import do_bench_cudagraph
-
-    return 1e3 * float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 #: programmatic dependent launch can be timed here (sm_90+; set in main)
@@ -138,12 +135,12 @@ def _chain(b: int, weights: dict, rep: int, g: torch.Generator, fused: bool = Fa
         "pdl_equal": same,
     }
     n = len(copies)
-    rec["sep_us"] = _us(lambda: [sep() for _ in range(n * len(groups))], rep) / n
-    rec["bf16_chain_us"] = _us(bf16, rep) / n
-    rec["pairs_chain_us"] = _us(lambda: nvfp4(False), rep) / n
-    rec["pairs_chain_pdl_us"] = _us(lambda: nvfp4(True), rep) / n if _PDL_OK else float("nan")
-    rec["pairs_chain_prefetch_us"] = _us(lambda: nvfp4(False, prefetch=True, stages=1), rep) / n
-    rec["pairs_chain_noprefetch_us"] = _us(lambda: nvfp4(False, prefetch=False), rep) / n
+    rec["sep_us"] = gpu_us(lambda: [sep() for _ in range(n * len(groups))], rep) / n
+    rec["bf16_chain_us"] = gpu_us(bf16, rep) / n
+    rec["pairs_chain_us"] = gpu_us(lambda: nvfp4(False), rep) / n
+    rec["pairs_chain_pdl_us"] = gpu_us(lambda: nvfp4(True), rep) / n if _PDL_OK else float("nan")
+    rec["pairs_chain_prefetch_us"] = gpu_us(lambda: nvfp4(False, prefetch=True, stages=1), rep) / n
+    rec["pairs_chain_noprefetch_us"] = gpu_us(lambda: nvfp4(False, prefetch=False), rep) / n
     net = rec["bf16_chain_us"] - rec["sep_us"]
     rec["speedup_chain"] = net / (rec["pairs_chain_us"] - rec["sep_us"])
     rec["speedup_chain_pdl"] = net / (rec["pairs_chain_pdl_us"] - rec["sep_us"])
@@ -184,7 +181,7 @@ COLD_SHAPES = ("qkv_proj", "gate_up_proj", "o_proj", "down_proj", "q_proj", "k_p
 def _cold(fn_for_copy, copies: int, rep: int) -> float:
     """Microseconds per call of ``fn_for_copy(c)`` when ``copies`` different weights are used in turn in
     one graph (each weight leaves the L2 before it comes back)."""
-    return _us(lambda: [fn_for_copy(c) for c in range(copies)], rep) / copies
+    return gpu_us(lambda: [fn_for_copy(c) for c in range(copies)], rep) / copies
 
 
 def _cold_sweep(weights: dict, batches, rep: int, g: torch.Generator, emit) -> None:
@@ -298,15 +295,15 @@ def main() -> int:
                 "K": k,
                 "rel_pairs_vs_planes": rel,
                 "pdl_equal": pdl_equal,
-                "bf16_us": _us(lambda: F.linear(x, w), args.rep),
-                "planes_us": _us(planes, args.rep),
-                "pairs_us": _us(pairs, args.rep),
-                "pairs_pdl_us": _us(lambda: pairs(pdl=True), args.rep) if _PDL_OK else float("nan"),
-                "planes_gemv_us": _us(lambda: decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True), args.rep),
-                "pairs_gemv_us": _us(
+                "bf16_us": gpu_us(lambda: F.linear(x, w), args.rep),
+                "planes_us": gpu_us(planes, args.rep),
+                "pairs_us": gpu_us(pairs, args.rep),
+                "pairs_pdl_us": gpu_us(lambda: pairs(pdl=True), args.rep) if _PDL_OK else float("nan"),
+                "planes_gemv_us": gpu_us(lambda: decode_linear(xpl, qo.amax, wd, ws, wa, x_perm=True), args.rep),
+                "pairs_gemv_us": gpu_us(
                     lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa), args.rep
                 ),
-                "act_quant_pairs_us": _us(lambda: quantize_for_decode(x), args.rep),
+                "act_quant_pairs_us": gpu_us(lambda: quantize_for_decode(x), args.rep),
             }
             if args.sweep:
                 sweep = {}
@@ -314,7 +311,7 @@ def main() -> int:
                     kw = {"block_n": bn, "block_kb": bkb, "num_warps": nw, "stages": st}
                     try:
                         decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw)
-                        sweep[f"{bn}x{bkb}w{nw}s{st}"] = _us(
+                        sweep[f"{bn}x{bkb}w{nw}s{st}"] = gpu_us(
                             lambda: decode_linear_pairs(xpr, qp.scales, qp.amax, wd, ws, wa, **kw), 40
                         )
                     except Exception as e:  # a configuration that does not compile is reported, not fatal

@@ -24,6 +24,7 @@ import argparse
 import json
 
 import torch
+from timing import gpu_us  # scripts/ is on sys.path when run as a script
 
 #: (name, N, K) of one layer's projections as the sampler packs them
 SHAPES = {
@@ -38,10 +39,6 @@ SWEEP = tuple((d, *c) for d in (True, False) for c in (
     (128, 128, 2, 4, 3), (16, 128, 2, 4, 3)))
 
 
-def _us(fn, rep: int) -> float:
-    from triton.testing import do_bench_cudagraph
-
-    return 1e3 * float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 def _weights(n: int, k: int, copies: int, g: torch.Generator):
@@ -94,8 +91,8 @@ def main() -> int:
             rel = float((y.double() - ref.double()).norm() / ref.double().norm())
             rec = {"bench": "fp4w_shape", "model": a.model, "case": f"{name}_{n}x{k}_b{b}", "N": n, "K": k,
                    "batch": b, "copies": copies, "rel_l2": rel}
-            rec["mm_us"] = _us(lambda: [torch.mm(x, w.t()) for w, _ in ws], a.rep) / copies
-            rec["fp4w_us"] = _us(lambda: [fp4w_linear(x, pk) for _, pk in ws], a.rep) / copies
+            rec["mm_us"] = gpu_us(lambda: [torch.mm(x, w.t()) for w, _ in ws], a.rep) / copies
+            rec["fp4w_us"] = gpu_us(lambda: [fp4w_linear(x, pk) for _, pk in ws], a.rep) / copies
             rec["speedup"] = rec["mm_us"] / rec["fp4w_us"]
             if a.sweep and b in sweep_batches:
                 sweep = {}
@@ -105,7 +102,7 @@ def main() -> int:
                     kw = {"block_n": bn, "block_k": bk, "split": s, "num_warps": nw, "stages": st, "decode": d}
                     key = f"{'' if d else 'floor_'}n{bn}k{bk}s{s}w{nw}p{st}"
                     try:
-                        sweep[key] = _us(lambda: [fp4w_linear(x, pk, **kw) for _, pk in ws], a.rep) / copies
+                        sweep[key] = gpu_us(lambda: [fp4w_linear(x, pk, **kw) for _, pk in ws], a.rep) / copies
                     except Exception as e:  # a configuration that does not compile is reported, not fatal
                         sweep[key] = type(e).__name__
                 best = min((v, c) for c, v in sweep.items() if isinstance(v, float) and not c.startswith("floor"))
@@ -122,8 +119,8 @@ def main() -> int:
                     fp4w_linear(xs[name], pk) if fp4 else torch.mm(xs[name], w.t())
 
         rec = {"bench": "fp4w_layer", "model": a.model, "batch": b, "copies": copies}
-        rec["mm_us"] = _us(lambda: chain(False), a.rep) / copies
-        rec["fp4w_us"] = _us(lambda: chain(True), a.rep) / copies
+        rec["mm_us"] = gpu_us(lambda: chain(False), a.rep) / copies
+        rec["fp4w_us"] = gpu_us(lambda: chain(True), a.rep) / copies
         rec["speedup"] = rec["mm_us"] / rec["fp4w_us"]
         emit(rec)
     return 0

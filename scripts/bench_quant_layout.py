@@ -34,6 +34,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from timing import gpu_ms  # scripts/ is on sys.path when run as a script
 
 from minite_kernels.backends.triton.nvfp4_jit import _encode_scale
 from minite_kernels.backends.triton.quantize_bf16 import (
@@ -181,8 +182,6 @@ def _token_roof_kernel(xw, dp, sp, qp, KW, NB: tl.constexpr, QS: tl.constexpr):
 
 def run_token(copy_gbps: float) -> None:
     """Per-token 8192x8192 bf16: the library at several launch sizes and the roofline, CUDA-graph timed."""
-    from triton.testing import do_bench_cudagraph
-
     from minite_kernels.backends.triton import quantize as Q
 
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -205,7 +204,7 @@ def run_token(copy_gbps: float) -> None:
                 (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                 for a, b in zip(ref, out)
             )
-            ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            ms = gpu_ms(fn, graph=True, rep=100)
             emit(
                 bench="token_8192sq",
                 case=case,
@@ -226,7 +225,7 @@ def run_token(copy_gbps: float) -> None:
                 *bufs, 4096, NB=512, QS=c == "qs_only", num_warps=w
             )
             fn()
-            ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            ms = gpu_ms(fn, graph=True, rep=100)
             emit(
                 bench="token_8192sq",
                 case=f"roof_{case}",
@@ -301,9 +300,7 @@ def run(weights, label: str, copy_gbps: float | None, launches, interpret: bool)
         same = _same(_outputs(sync), ref) if exact else None
         rec = {"bench": "quant_layout", "weights": label, "case": name, "bytes_equal": same}
         if not interpret:
-            from triton.testing import do_bench_cudagraph
-
-            ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            ms = gpu_ms(fn, graph=True, rep=100)
             rec.update(
                 ms=ms, ms_per_B=ms / (nparam / 1e9), frac_copy_bw=2.5625 * nparam / ms / 1e6 / copy_gbps
             )
@@ -346,16 +343,16 @@ def main(argv=None) -> int:
         ws[1][3, 7] = 0.0
         run(ws, "tiny", None, ((32, 4), (16, 4)), interpret=True)
         return 0
-    from bench_kernels import _copy_gbps, _qwen3_1p7b_weights
+    from kernel_bench.common import measured_copy_gbps, qwen3_1p7b_weights
 
-    copy_gbps = _copy_gbps(argparse.Namespace())
+    copy_gbps = measured_copy_gbps(argparse.Namespace())
     emit(bench="copy", GBps=copy_gbps)
     only = set(args.only.split(","))
     if "token" in only:
         run_token(copy_gbps)
     if "sync" in only:
         variants = ((32, 8), (32, 4), (32, 2), (64, 8), (64, 4), (16, 4))
-        run(_qwen3_1p7b_weights(), "qwen3_1p7b", copy_gbps, variants, interpret=False)
+        run(qwen3_1p7b_weights(), "qwen3_1p7b", copy_gbps, variants, interpret=False)
         run(
             [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)],
             "8192sq",

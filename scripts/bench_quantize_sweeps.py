@@ -27,8 +27,8 @@ import argparse
 import json
 
 import torch
-from bench_kernels import _copy_gbps, _qwen3_1p7b_weights  # scripts/ is on sys.path when run as a script
-from triton.testing import do_bench
+from kernel_bench.common import measured_copy_gbps, qwen3_1p7b_weights  # scripts/ is on sys.path
+from timing import gpu_ms
 
 from minite_kernels.backends.triton import WeightRequantizer
 from minite_kernels.backends.triton import quantize as Q
@@ -44,9 +44,7 @@ LEARNER_K = (2048, 2560, 4096, 6144, 9728)
 
 def _graph_ms(fn) -> float:
     """GPU time of ``fn`` (preallocated outputs) from CUDA-graph replay: no host launch cost in the number."""
-    from triton.testing import do_bench_cudagraph
-
-    return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    return gpu_ms(fn, graph=True, rep=100)
 
 
 def bench_learner_shapes(copy_gbps: float) -> None:
@@ -83,7 +81,7 @@ def bench_learner_shapes(copy_gbps: float) -> None:
 def bench_sync_sweep(copy_gbps: float) -> None:
     """Grouped weight sync (CUDA graph, Qwen3-1.7B linears) over the amax / quantize launch sizes."""
     default = dict(Q.BF16_CONFIG)
-    ws = _qwen3_1p7b_weights()
+    ws = qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
     for a_rows, a_w, a_warps in ((32, 512, 8), (64, 512, 8), (32, 1024, 8), (64, 1024, 16), (16, 512, 4)):
         for nb, warps in ((32, 8), (64, 8), (32, 4)):
@@ -92,7 +90,7 @@ def bench_sync_sweep(copy_gbps: float) -> None:
             )
             sync = WeightRequantizer(ws)
             sync.sync()
-            ms = do_bench(sync.sync, rep=100, return_mode="median")
+            ms = gpu_ms(sync.sync, rep=100)
             emit(
                 bench="weight_sync_sweep",
                 amax=(a_rows, a_w, a_warps),
@@ -111,7 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="ab,sync", help="comma list of: ab, sync, learner, sync_sweep")
     args = p.parse_args(argv)
     only = set(args.only.split(","))
-    copy_gbps = _copy_gbps(argparse.Namespace())
+    copy_gbps = measured_copy_gbps(argparse.Namespace())
     if "learner" in only:
         bench_learner_shapes(copy_gbps)
     if "sync_sweep" in only:
@@ -142,7 +140,7 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
     for tpt in (8, 16, 32) if "ab" in only else ():
         for words in (2048, 4096, 8192):
             Q.BF16_CONFIG.update(token_words_per_thread=tpt, token_program_words=words)
-            ms = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=True))
+            ms = gpu_ms(lambda: Q.quantize_nvfp4_triton(x, per_token=True))
             emit(
                 bench="quantize_sweep",
                 tpt=tpt,
@@ -154,8 +152,8 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
     Q.BF16_CONFIG.update(default)
     for nb, warps in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8)) if "ab" in only else ():
         Q.BF16_CONFIG.update(tile16_nb=nb, tile16_warps=warps, tensor_nb=nb, tensor_warps=warps)
-        ms16 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False, tile16=True))
-        ms1 = do_bench(lambda: Q.quantize_nvfp4_triton(x, per_token=False))
+        ms16 = gpu_ms(lambda: Q.quantize_nvfp4_triton(x, per_token=False, tile16=True))
+        ms1 = gpu_ms(lambda: Q.quantize_nvfp4_triton(x, per_token=False))
         emit(
             bench="quantize_sweep_tensor",
             nb=nb,
@@ -169,13 +167,13 @@ def ab_and_sync(copy_gbps: float, only: set) -> None:
     x = None
     if "sync" not in only:
         return
-    ws = _qwen3_1p7b_weights()
+    ws = qwen3_1p7b_weights()
     nparam = sum(w.numel() for w in ws)
     variants = ({"grouped": False}, {}, {"chunk_bytes": 32 << 20}, {"chunk_bytes": 128 << 20})
     for kw in variants:
         sync = WeightRequantizer(ws, **kw)
         sync.sync()
-        ms = do_bench(sync.sync)
+        ms = gpu_ms(sync.sync)
         emit(
             bench="weight_sync",
             kw=str(kw),

@@ -19,9 +19,9 @@ import json
 import pathlib
 import statistics
 import sys
-import time
 
 import torch
+from timing import interleaved_ms  # scripts/ is on sys.path when run as a script
 
 
 def make_inputs(batch: int, seqlen: int, device: str, dtype: torch.dtype, seed: int = 0):
@@ -34,32 +34,6 @@ def make_inputs(batch: int, seqlen: int, device: str, dtype: torch.dtype, seed: 
     mask = torch.arange(seqlen).unsqueeze(0) < lengths.unsqueeze(1)
     cast = lambda x: x.to(device=device, dtype=dtype)
     return cast(logp), cast(old), cast(sampler), cast(adv), mask.to(device)
-
-
-def time_interleaved(cands: dict, *, iters: int, warmup: int, device: str) -> dict[str, list[float]]:
-    """Warm up every candidate, then time one call of each in turn, ``iters`` times (ms per call), so that
-    load changes on a shared machine hit all candidates alike."""
-    cuda = device.startswith("cuda")
-    for fn in cands.values():
-        for _ in range(warmup):
-            fn()
-    if cuda:
-        torch.cuda.synchronize()
-    samples: dict[str, list[float]] = {k: [] for k in cands}
-    for _ in range(iters):
-        for name, fn in cands.items():
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                samples[name].append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-    return samples
 
 
 def main() -> None:
@@ -166,7 +140,7 @@ def main() -> None:
             "triage.baselines.vanilla_tis_loss (verl not installed; tested equal to verl's vanilla x TIS)"
         )
 
-    samples = time_interleaved(cands, iters=args.iters, warmup=args.warmup, device=args.device)
+    samples = interleaved_ms(cands, iters=args.iters, warmup=args.warmup, device=args.device)
     med = {name: statistics.median(ts) for name, ts in samples.items()}
     base = med["vanilla_tis"]
     out = {
