@@ -94,3 +94,27 @@ def test_the_import_graph_sees_relative_and_package_imports():
 
 def test_no_module_level_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def _all_imports(path: pathlib.Path) -> set[str]:
+    """Every module an import statement anywhere in ``path`` names, function-level imports included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_modules_reach_the_kernels_only_through_the_backend_interface():
+    """``minite_kernels/modules`` names no concrete backend's package: the Triton, TE and FlashInfer code is
+    reached through ``Backend`` methods, so a module works with whatever backend the factory gives it."""
+    concrete = tuple(f"minite_kernels.backends.{b}" for b in ("triton", "te", "flashinfer"))
+    offenders = {
+        f.name: sorted(n for n in _all_imports(f) if n.startswith(concrete))
+        for f in (ROOT / "minite_kernels" / "modules").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    # the scan sees imports inside functions (rollout/packed.py imports the fast lane only where it uses it)
+    assert "minite_kernels.modules.fast_lane" in _all_imports(ROOT / "rollout" / "packed.py")

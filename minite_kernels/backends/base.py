@@ -25,6 +25,8 @@ Contract for subclasses (the Triton backend, TE, FlashInfer):
     a plain tensor when its spec is bf16). The public ``quantize`` / ``qgemm_nt`` below do validation,
     alignment padding and the BF16 fast path; a subclass may override ``qgemm_nt`` to fuse quantization
     into the GEMM as long as the result has the same meaning.
+  - optionally ``grouped_sync_refusal(w)`` / ``weight_requantizer(weights, ...)``: re-quantize many weights in
+    a few launches after the optimizer step (``modules/weight_sync.py``); the default refuses every weight.
 
 Alignment: ``qgemm_nt`` zero-pads the contraction dim to the operands' block size (16 NVFP4, 32 MXFP8).
 Zero padding changes no scale (amax ignores zeros; with RHT both wgrad operands are padded identically
@@ -261,6 +263,18 @@ class Backend(abc.ABC):
         if out.shape[0] != m or out.shape[1] != n:
             out = out[:m, :n]
         return out
+
+    # --- grouped weight sync (optional; ``minite_kernels.modules.weight_sync``) ---------------------------
+    def grouped_sync_refusal(self, w: torch.Tensor) -> str | None:
+        """None if :meth:`weight_requantizer` can re-quantize ``w``, an NVFP4 per-tensor fprop weight, in grouped
+        launches; otherwise why not. A backend without a grouped re-quantizer refuses every weight."""
+        return f"the {self.name} backend has no grouped weight re-quantizer (the triton backend has one)"
+
+    def weight_requantizer(self, weights: list[torch.Tensor], *, tile16: bool, cuda_graph: bool, amax_from=None):
+        """An object that re-quantizes ``weights`` (each accepted by :meth:`grouped_sync_refusal`) into fixed
+        buffers: ``.weights``, ``.sync() -> [quantized operand per weight]`` and ``.amax_given`` (whether the last
+        sync took the amaxes that ``amax_from``, an optimizer recording them, holds)."""
+        raise BackendUnavailable(self.grouped_sync_refusal(weights[0]) if weights else "no weights to re-quantize")
 
     # --- subclass hooks --------------------------------------------------------------------------
     @abc.abstractmethod

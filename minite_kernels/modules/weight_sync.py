@@ -2,14 +2,15 @@
 few grouped launches and hand the results to the modules (report §6.5, the step the report measured at 55 s).
 
 Without it, each module re-quantizes its own weight on its next forward (two launches per weight, from the
-weight cache). With it, all eligible weights go through one :class:`WeightRequantizer` per tile shape (one
-amax launch + one quantize launch, replayed as a CUDA graph), and each module receives its quantized weight
+weight cache). With it, all eligible weights go through one grouped re-quantizer per tile shape (the Triton
+backend's ``WeightRequantizer``: one amax launch + one quantize launch, replayed as a CUDA graph), and each module receives its quantized weight
 through ``set_quantized_weight``. Given ``minite_kernels.optim.AdamW`` as the optimizer, the amax launch is
 replaced by the amaxes its step recorded, so every weight is read once.
 
 Eligible: dense modules (``Linear``, ``LayerNormLinear``) whose recipe quantizes the fprop weight as NVFP4
-per tensor with 1x16 or 16x16 tiles, round to nearest, no RHT, whose backend quantizes that spec with the
-Triton kernels, and whose weight is a 2-D BF16 tensor on a kernel device. The others keep re-quantizing on
+per tensor with 1x16 or 16x16 tiles, round to nearest, no RHT, and whose backend for that spec has a grouped
+re-quantizer that takes the weight (``Backend.grouped_sync_refusal`` / ``weight_requantizer``: the Triton
+backend, for a 2-D BF16 weight on a kernel device). The others keep re-quantizing on
 their next forward; ``skipped`` lists them with the reason. The codes are the bytes the module's backend
 would produce (the same kernels), so outputs do not change.
 
@@ -29,9 +30,6 @@ from minite_kernels.modules.linear import QuantizedLinearMixin
 
 def _why_not(module: torch.nn.Module) -> str | None:
     """None if ``module``'s fprop weight can be synced in a grouped launch, else the reason."""
-    from minite_kernels.backends.triton import TritonBackend
-    from minite_kernels.backends.triton._common import kernel_device_ok
-
     w = getattr(module, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return "not a dense 2-D weight (grouped experts re-quantize per expert on their forward)"
@@ -42,29 +40,22 @@ def _why_not(module: torch.nn.Module) -> str | None:
         return f"fprop weight spec {spec.summary()} is not NVFP4 per-tensor 1x16/16x16"
     if spec.rht or spec.stochastic_rounding:
         return f"fprop weight spec {spec.summary()} uses RHT or stochastic rounding"
-    if w.dtype != torch.bfloat16 or not kernel_device_ok(w):
-        return f"weight is {w.dtype} on {w.device}; the grouped kernels take BF16 on a CUDA device"
-    if not isinstance(_route_quantize(module.backend_for(w.device), spec), TritonBackend):
-        return "the module's backend does not quantize this weight with the Triton kernels"
-    return None
+    return _quantizer(module).grouped_sync_refusal(w)
+
+
+def _quantizer(module: torch.nn.Module):
+    """The backend that quantizes ``module``'s fprop weight."""
+    return _route_quantize(module.backend_for(module.weight.device), module.qlinear_params.fprop.b)
 
 
 class ModelWeightSync:
     """Grouped re-quantization of a model's quantized linear weights (see the module docstring).
 
     ``optimizer``: if it records amaxes (``minite_kernels.optim.AdamW``) and owns every synced weight, its
-    amaxes replace the amax pass whenever they are current. ``cuda_graph`` as in :class:`WeightRequantizer`.
+    amaxes replace the amax pass whenever they are current. ``cuda_graph``: replay each re-quantizer's launches as a CUDA graph.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, *, cuda_graph: bool = True) -> None:
-        try:
-            from minite_kernels.backends.triton import WeightRequantizer
-        except ImportError as e:
-            raise ImportError(
-                f"ModelWeightSync runs the Triton kernels, and Triton does not import here ({e}); install the "
-                "'gpu' extra on a CUDA machine. Without it, modules re-quantize their weights on their next forward."
-            ) from e
-
         self.skipped: list[tuple[str, str]] = []
         #: the skipped modules that do quantize their fprop weight: they re-quantize it on their next forward
         #: (empty: after :meth:`sync` every quantized weight is current, and no forward is needed for it)
@@ -83,17 +74,16 @@ class ModelWeightSync:
         groups: dict[tuple, list] = {}
         for w, mods in by_weight.values():
             tile16 = mods[0].qlinear_params.fprop.b.tile == (16, 16)
-            groups.setdefault((tile16, w.device), []).append((w, mods))
+            backend = _quantizer(mods[0])
+            groups.setdefault((tile16, w.device, id(backend)), (backend, []))[1].append((w, mods))
         owned = {id(p) for g in getattr(optimizer, "param_groups", ()) for p in g["params"]}
-        self._syncs: list[tuple[WeightRequantizer, list]] = []
-        for (tile16, _dev), items in groups.items():
+        self._syncs: list[tuple[object, list]] = []
+        for (tile16, _dev, _b), (backend, items) in groups.items():
             weights = [w for w, _ in items]
             amax_from = None
             if hasattr(optimizer, "amax_slots") and all(id(w) in owned for w in weights):
                 amax_from = optimizer
-            rq = WeightRequantizer(
-                weights, tile16=tile16, write_deq=True, cuda_graph=cuda_graph, amax_from=amax_from
-            )
+            rq = backend.weight_requantizer(weights, tile16=tile16, cuda_graph=cuda_graph, amax_from=amax_from)
             self._syncs.append((rq, [mods for _, mods in items]))
 
     @property

@@ -308,6 +308,19 @@ class TritonBackend(Backend):
         self._last = (x2d.detach(), key, q)
         return q
 
+    # --- grouped weight sync ---------------------------------------------------------------------
+    def grouped_sync_refusal(self, w: torch.Tensor) -> str | None:
+        if w.dtype != torch.bfloat16 or not kernel_device_ok(w):
+            return f"weight is {w.dtype} on {w.device}; the grouped kernels take BF16 on a CUDA device"
+        return None
+
+    def weight_requantizer(self, weights: list[torch.Tensor], *, tile16: bool, cuda_graph: bool, amax_from=None):
+        """A :class:`~minite_kernels.backends.triton.weight_sync.WeightRequantizer` that also refreshes each
+        weight's dequantized BF16 GEMM operand, which the fast lane and the sampler's packed groups read."""
+        from .weight_sync import WeightRequantizer
+
+        return WeightRequantizer(weights, tile16=tile16, write_deq=True, cuda_graph=cuda_graph, amax_from=amax_from)
+
     def clear_cache(self) -> None:
         """Forget the remembered last input (and its quantized copy)."""
         self._last = None
