@@ -17,6 +17,10 @@
 #                                               # references; then the decode benchmark's per-shape table
 #   bash scripts/h200_study.sh triage_graphs    # the TRIAGE pass as CUDA graphs: its GPU tests, bench_triage.py at
 #                                               # 256 x 8192, then the whole step (carry .whl)
+#   bash scripts/h200_study.sh refactor_check   # issue #18's refactors: the weight sync through the Backend
+#                                               # interface (its GPU tests and the sampler's weight-sync tests),
+#                                               # then every benchmark script that moved to timing.py or
+#                                               # kernel_bench/ at a small size; no carry
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -143,6 +147,18 @@ triage_graphs)
     [ "${SKIP_TRAINER_BENCH:-0}" = 1 ] || step trainer_bench 280 python3 scripts/bench_trainer.py --reps 3 \
         --micro-batch 64 --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd
     ;;
+refactor_check)
+    step weight_sync_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+        tests/minite_kernels/test_modules_weight_sync.py tests/rollout/test_graph_sampler.py -k "sync or weight"
+    step bench_kernels 200 python3 scripts/bench_kernels.py --only copy,quantize,decode,logprobs,weight_sync,optim \
+        --decode-batches 1,4 --lp-tokens 8192 --out "$out/bench_kernels.jsonl"
+    step bench_kernels_model 120 python3 scripts/bench_kernels.py --only linear,model --tokens 1024 --seq 512 \
+        --out "$out/bench_kernels.jsonl"
+    step bench_decode 60 python3 scripts/bench_decode.py --batches 1 --rep 20
+    step bench_fp4w 60 python3 scripts/bench_fp4w_gemm.py --batches 64 --rep 20
+    step bench_quant_layout 90 python3 scripts/bench_quant_layout.py --only token
+    step bench_quantize_sweeps 90 python3 scripts/bench_quantize_sweeps.py --only ab
+    ;;
 determinism)
     step sampler_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_fused.py \
         tests/rollout/test_graph_sampler.py
@@ -175,7 +191,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|determinism|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|determinism|fp4w" >&2
     exit 2
     ;;
 esac
