@@ -19,8 +19,9 @@
 #                                               # 256 x 8192, then the whole step (carry .whl)
 #   bash scripts/h200_study.sh refactor_check   # issue #18's refactors: the weight sync through the Backend
 #                                               # interface (its GPU tests and the sampler's weight-sync tests),
-#                                               # then every benchmark script that moved to timing.py or
-#                                               # kernel_bench/ at a small size; no carry
+#                                               # then bench_kernels.py's memory-bound sections; no carry
+#   bash scripts/h200_study.sh refactor_bench   # the other benchmark scripts that moved to timing.py or
+#                                               # kernel_bench/, at a small size
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -152,6 +153,8 @@ refactor_check)
         tests/minite_kernels/test_modules_weight_sync.py tests/rollout/test_graph_sampler.py -k "sync or weight"
     step bench_kernels 200 python3 scripts/bench_kernels.py --only copy,quantize,decode,logprobs,weight_sync,optim \
         --decode-batches 1,4 --lp-tokens 8192 --out "$out/bench_kernels.jsonl"
+    ;;
+refactor_bench)
     step bench_kernels_model 120 python3 scripts/bench_kernels.py --only linear,model --tokens 1024 --seq 512 \
         --out "$out/bench_kernels.jsonl"
     step bench_decode 60 python3 scripts/bench_decode.py --batches 1 --rep 20
@@ -191,7 +194,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|determinism|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|determinism|fp4w" >&2
     exit 2
     ;;
 esac
