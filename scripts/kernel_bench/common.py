@@ -109,8 +109,9 @@ def profile_step(fn, name: str) -> None:
         fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    # kernels only (device-side events): the CPU ops' device-time columns would count each kernel again
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # kernels only (device-side events, no GPU user annotations): anything else would count a kernel again
+    events = [e for e in prof.key_averages()
+              if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
     gpu_us = sum(e.self_device_time_total for e in events)
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:12]
     emit(
