@@ -22,6 +22,10 @@
 #                                               # then bench_kernels.py's memory-bound sections; no carry
 #   bash scripts/h200_study.sh refactor_bench   # the other benchmark scripts that moved to timing.py or
 #                                               # kernel_bench/, at a small size
+#   bash scripts/h200_study.sh quantize_ab      # bench_kernels' copy + quantize sections, alternating 3 times
+#                                               # between an older tree in .ab/REV (AB_REV, default 21b29af: the
+#                                               # 2026-11-29 numbers) and this one; carry .ab, made with
+#                                               # mkdir -p .ab/REV && git archive REV minite_kernels scripts | tar -x -C .ab/REV
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -162,6 +166,17 @@ refactor_bench)
     step bench_quant_layout 90 python3 scripts/bench_quant_layout.py --only token
     step bench_quantize_sweeps 90 python3 scripts/bench_quantize_sweeps.py --only ab
     ;;
+quantize_ab)
+    rev=${AB_REV:-21b29af}
+    [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
+    for round in 1 2 3; do
+        step "quantize_${rev}_$round" 60 env PYTHONPATH="$PWD/.ab/$rev" python3 ".ab/$rev/scripts/bench_kernels.py" \
+            --only copy,quantize --out "$out/quantize_ab.jsonl"
+        echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
+        step "quantize_head_$round" 60 python3 scripts/bench_kernels.py --only copy,quantize --out "$out/quantize_ab.jsonl"
+        echo "{\"ab\": \"head\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
+    done
+    ;;
 determinism)
     step sampler_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/rollout/test_fused.py \
         tests/rollout/test_graph_sampler.py
@@ -194,7 +209,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|determinism|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|quantize_ab|determinism|fp4w" >&2
     exit 2
     ;;
 esac
