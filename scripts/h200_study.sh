@@ -23,8 +23,8 @@
 #   bash scripts/h200_study.sh refactor_bench   # the other benchmark scripts that moved to timing.py or
 #                                               # kernel_bench/, at a small size
 #   bash scripts/h200_study.sh quantize_ab      # bench_kernels' copy + quantize sections, alternating 3 times
-#                                               # between an older tree in .ab/REV (AB_REV, default 21b29af: the
-#                                               # 2026-11-29 numbers) and this one; carry .ab, made with
+#                                               # between an older tree in .ab/REV (AB_REV, default 9858127: the
+#                                               # 2026-11-29 17:50 numbers) and this one; carry .ab, made with
 #                                               # mkdir -p .ab/REV && git archive REV minite_kernels scripts | tar -x -C .ab/REV
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
@@ -167,7 +167,7 @@ refactor_bench)
     step bench_quantize_sweeps 90 python3 scripts/bench_quantize_sweeps.py --only ab
     ;;
 quantize_ab)
-    rev=${AB_REV:-21b29af}
+    rev=${AB_REV:-9858127}
     [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
     for round in 1 2 3; do
         step "quantize_${rev}_$round" 60 env PYTHONPATH="$PWD/.ab/$rev" python3 ".ab/$rev/scripts/bench_kernels.py" \
