@@ -3,15 +3,14 @@ few grouped launches and hand the results to the modules (report §6.5, the step
 
 Without it, each module re-quantizes its own weight on its next forward (two launches per weight, from the
 weight cache). With it, all eligible weights go through one grouped re-quantizer per tile shape (the Triton
-backend's ``WeightRequantizer``: one amax launch + one quantize launch, replayed as a CUDA graph), and each module receives its quantized weight
-through ``set_quantized_weight``. Given ``minite_kernels.optim.AdamW`` as the optimizer, the amax launch is
-replaced by the amaxes its step recorded, so every weight is read once.
+backend's ``WeightRequantizer``: one amax launch + one quantize launch, replayed as a CUDA graph), and each
+module receives its quantized weight through ``set_quantized_weight``. Given ``minite_kernels.optim.AdamW`` as
+the optimizer, the amax launch is replaced by the amaxes its step recorded, so every weight is read once.
 
 Eligible: dense modules (``Linear``, ``LayerNormLinear``) whose recipe quantizes the fprop weight as NVFP4
 per tensor with 1x16 or 16x16 tiles, round to nearest, no RHT, and whose backend for that spec has a grouped
 re-quantizer that takes the weight (``Backend.grouped_sync_refusal`` / ``weight_requantizer``: the Triton
-backend, for a 2-D BF16 weight on a kernel device). The others keep re-quantizing on
-their next forward; ``skipped`` lists them with the reason. The codes are the bytes the module's backend
+backend, for a 2-D BF16 weight on a kernel device). The others keep re-quantizing on their next forward; ``skipped`` lists them with the reason. The codes are the bytes the module's backend
 would produce (the same kernels), so outputs do not change.
 
 Example::
@@ -52,7 +51,8 @@ class ModelWeightSync:
     """Grouped re-quantization of a model's quantized linear weights (see the module docstring).
 
     ``optimizer``: if it records amaxes (``minite_kernels.optim.AdamW``) and owns every synced weight, its
-    amaxes replace the amax pass whenever they are current. ``cuda_graph``: replay each re-quantizer's launches as a CUDA graph.
+    amaxes replace the amax pass whenever they are current. ``cuda_graph``: replay each re-quantizer's launches
+    as a CUDA graph.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, *, cuda_graph: bool = True) -> None:

@@ -2,7 +2,8 @@
 
 A subprocess whose ``import triton`` fails (a shadowing package that raises ImportError) imports the project,
 builds a quantized model on the CPU, steps ``minite_kernels.optim.AdamW`` (its PyTorch reference path), and
-``ModelWeightSync`` syncs nothing and says why: the layer's backend has no grouped re-quantizer. CI may or may not have Triton installed; this test does not depend on it.
+``ModelWeightSync`` syncs nothing and says why: the layer's backend has no grouped re-quantizer. CI may or may
+not have Triton installed; this test does not depend on it.
 """
 
 from __future__ import annotations
