@@ -10,8 +10,9 @@ the optimizer, the amax launch is replaced by the amaxes its step recorded, so e
 Eligible: dense modules (``Linear``, ``LayerNormLinear``) whose recipe quantizes the fprop weight as NVFP4
 per tensor with 1x16 or 16x16 tiles, round to nearest, no RHT, and whose backend for that spec has a grouped
 re-quantizer that takes the weight (``Backend.grouped_sync_refusal`` / ``weight_requantizer``: the Triton
-backend, for a 2-D BF16 weight on a kernel device). The others keep re-quantizing on their next forward; ``skipped`` lists them with the reason. The codes are the bytes the module's backend
-would produce (the same kernels), so outputs do not change.
+backend, for a 2-D BF16 weight on a kernel device). The others keep re-quantizing on their next forward;
+``skipped`` lists them with the reason. The codes are the bytes the module's backend would produce (the same
+kernels), so outputs do not change.
 
 Example::
 
