@@ -169,12 +169,13 @@ refactor_bench)
 quantize_ab)
     rev=${AB_REV:-9858127}
     [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
+    # each run's JSON lines follow a line that names its tree and round
     for round in 1 2 3; do
+        echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
         step "quantize_${rev}_$round" 60 env PYTHONPATH="$PWD/.ab/$rev" python3 ".ab/$rev/scripts/bench_kernels.py" \
             --only copy,quantize --out "$out/quantize_ab.jsonl"
-        echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
-        step "quantize_head_$round" 60 python3 scripts/bench_kernels.py --only copy,quantize --out "$out/quantize_ab.jsonl"
         echo "{\"ab\": \"head\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
+        step "quantize_head_$round" 60 python3 scripts/bench_kernels.py --only copy,quantize --out "$out/quantize_ab.jsonl"
     done
     ;;
 determinism)
