@@ -22,10 +22,11 @@
 #                                               # then bench_kernels.py's memory-bound sections; no carry
 #   bash scripts/h200_study.sh refactor_bench   # the other benchmark scripts that moved to timing.py or
 #                                               # kernel_bench/, at a small size
-#   bash scripts/h200_study.sh quantize_ab      # bench_kernels' copy + quantize sections, alternating 3 times
-#                                               # between an older tree in .ab/REV (AB_REV, default 9858127: the
-#                                               # 2026-11-29 17:50 numbers) and this one; carry .ab, made with
-#                                               # mkdir -p .ab/REV && git archive REV minite_kernels scripts | tar -x -C .ab/REV
+#   bash scripts/h200_study.sh quantize_ab      # bench_kernels' copy + quantize sections, 3 rounds in which the
+#                                               # older trees in .ab/REV (AB_REVS="REV ...", default 9858127: the
+#                                               # 2026-11-29 17:50 numbers) and this one take turns; carry .ab, made
+#                                               # with mkdir -p .ab/REV && git archive REV minite_kernels scripts |
+#                                               # tar -x -C .ab/REV
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -167,15 +168,22 @@ refactor_bench)
     step bench_quantize_sweeps 90 python3 scripts/bench_quantize_sweeps.py --only ab
     ;;
 quantize_ab)
-    rev=${AB_REV:-9858127}
-    [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
-    # each run's JSON lines follow a line that names its tree and round
+    revs=${AB_REVS:-${AB_REV:-9858127}}
+    for rev in $revs; do
+        [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
+    done
+    # each run's JSON lines follow a line that names its tree and round; the trees take turns in every round
     for round in 1 2 3; do
-        echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
-        step "quantize_${rev}_$round" 60 env PYTHONPATH="$PWD/.ab/$rev" python3 ".ab/$rev/scripts/bench_kernels.py" \
-            --only copy,quantize --out "$out/quantize_ab.jsonl"
-        echo "{\"ab\": \"head\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
-        step "quantize_head_$round" 60 python3 scripts/bench_kernels.py --only copy,quantize --out "$out/quantize_ab.jsonl"
+        for rev in $revs head; do
+            echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/quantize_ab.jsonl"
+            if [ "$rev" = head ]; then
+                step "quantize_head_$round" 60 python3 scripts/bench_kernels.py --only copy,quantize \
+                    --out "$out/quantize_ab.jsonl"
+            else
+                step "quantize_${rev}_$round" 60 env PYTHONPATH="$PWD/.ab/$rev" python3 ".ab/$rev/scripts/bench_kernels.py" \
+                    --only copy,quantize --out "$out/quantize_ab.jsonl"
+            fi
+        done
     done
     ;;
 determinism)
