@@ -27,6 +27,8 @@
 #                                               # 2026-11-29 17:50 numbers) and this one take turns; carry .ab, made
 #                                               # with mkdir -p .ab/REV && git archive REV minite_kernels scripts |
 #                                               # tar -x -C .ab/REV
+#   bash scripts/h200_study.sh step_ab          # the whole step of an older tree (.ab/REV, AB_REV, default f0805c3)
+#                                               # and this one, taking turns, two rounds (carry .whl .ab)
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -184,6 +186,24 @@ quantize_ab)
                     --only copy,quantize --out "$out/quantize_ab.jsonl"
             fi
         done
+    done
+    ;;
+step_ab)
+    # the whole step (bench_trainer.py, bf16 against NVFP4 w1x16) of an older tree in .ab/REV (AB_REV, default
+    # f0805c3) and this one, taking turns, two rounds (carry .whl .ab; .ab/REV made as in the header, with
+    # trainers rollout triage eval scoring recipes tests/assets as well)
+    rev=${AB_REV:-f0805c3}
+    [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
+    install_site
+    args="--reps 3 --micro-batch 64 --micro-batch-tokens 32768 --recipes bf16,nvfp4_per_token_w1x16_bf16_bwd"
+    for round in 1 2; do
+        echo "{\"ab\": \"$rev\", \"round\": $round}" >> "$out/step_ab.jsonl"
+        step "step_${rev}_$round" 140 env PYTHONPATH="/tmp/site:$PWD/.ab/$rev/scripts/device_shims:$PWD/.ab/$rev" \
+            python3 ".ab/$rev/scripts/bench_trainer.py" $args
+        grep -h '^{"bench": "trainer_step"' "$out/step_${rev}_$round.log" >> "$out/step_ab.jsonl"
+        echo "{\"ab\": \"head\", \"round\": $round}" >> "$out/step_ab.jsonl"
+        step "step_head_$round" 140 python3 scripts/bench_trainer.py $args
+        grep -h '^{"bench": "trainer_step"' "$out/step_head_$round.log" >> "$out/step_ab.jsonl"
     done
     ;;
 determinism)
