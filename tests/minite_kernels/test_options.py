@@ -54,3 +54,15 @@ def test_the_environment_is_read_once_at_import():
             "os.environ['MINITE_TRITON_DECODE'] = 'auto'; print(a, options().decode)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["off", "off"]
+
+
+@pytest.mark.parametrize("at_import, later", [("0", "1"), ("1", "0")])
+def test_the_triton_interpreter_switch_is_read_once_at_import(at_import, later):
+    """``@triton.jit`` makes a kernel interpreted or compiled when its module is imported; the backend's host code
+    reads ``TRITON_INTERPRET`` then too, so a later change cannot make the two disagree."""
+    code = (f"import os; os.environ['TRITON_INTERPRET'] = {at_import!r}; import torch; "
+            "from minite_kernels.backends.triton._common import interpret_mode, kernel_device_ok; "
+            f"os.environ['TRITON_INTERPRET'] = {later!r}; print(interpret_mode(), kernel_device_ok(torch.zeros(1)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    expected = str(at_import == "1")
+    assert out.stdout.split() == [expected, expected]

@@ -19,9 +19,14 @@ INV_2688_SQ = 1.3840171675383317e-07  # fl(1/2688**2), used only in GEMM epilogu
 _WARNED: set[str] = set()
 
 
+#: read once, when the backend's kernel modules are imported: that is when ``@triton.jit`` makes each kernel an
+#: interpreted or a compiled function, so a later change of the variable changes no kernel, and nor does it here
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
 def interpret_mode() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return _INTERPRET
 
 
 def kernel_device_ok(x: torch.Tensor) -> bool:
