@@ -203,7 +203,10 @@ class LoggerConfig:
 class VerlConfig:
     n_gpus_per_node: int = 1
     nnodes: int = 1
-    rollout_name: Literal["vllm", "sglang"] = "vllm"
+    # the rollout engine. minite: the project's sampler with the learner's own precision recipe (precision.sampler,
+    # rollout.sampler / batch_size / norm_quant), one GPU per replica (rollout.verl_backend); vllm / sglang:
+    # verl's inference servers (an NVFP4 recipe is served as W4A16: 1x16 weight blocks, BF16 activations)
+    rollout: Literal["minite", "vllm", "sglang"] = "minite"
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step (default: prompts_per_step)

@@ -71,7 +71,8 @@ def test_every_override_key_exists_in_verls_generated_config(tmp_path, recipe):
 
 
 def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
-    """Compose with verl's own Hydra config, run main_ppo's validate_config and build the actor dataclass."""
+    """Compose with verl's own Hydra config, run main_ppo's validate_config and build the actor dataclass
+    (the vLLM rollout: NVFP4 served as W4A16 through verl's QAT weight path)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
@@ -85,6 +86,7 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
         "rollout.prompts_per_step=16",
         "algorithm.mini_batches=2",
         "verl.n_gpus_per_node=8",
+        "verl.rollout=vllm",
     )
     c = _compose(engine.build_verl_overrides(cfg))
     validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
@@ -119,6 +121,52 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
 
 
+def test_minite_rollout_is_the_default_and_passes_verl_validation(tmp_path):
+    """rollout.name=minite with the learner's recipe in engine_kwargs.minite: composes with verl's config, passes
+    validate_config, builds verl's RolloutConfig, and resolves to the registered BaseRollout."""
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.workers.config import RolloutConfig
+    from verl.workers.rollout.base import get_rollout_class
+
+    from rollout.verl_backend.rollout import MiniteRollout, check_rollout_config
+    from rollout.verl_backend.settings import MiniteRolloutSettings
+
+    regex = r"re:layers\.0\."
+    cfg = _cfg(tmp_path, "triage_nvfp4", "rollout.n=8", "rollout.prompts_per_step=16", "rollout.batch_size=32",
+               f"precision.exclude=[lm_head,'{regex}']")
+    ov = engine.build_verl_overrides(cfg)
+    assert "actor_rollout_ref.rollout.name=minite" in ov
+    assert not any("gpu_memory_utilization" in o or ".qat." in o for o in ov)
+    c = _compose(ov)
+    validate_config(c, use_reference_policy=False, use_critic=False)
+    a = c.actor_rollout_ref
+    rc = omega_conf_to_dataclass(a.rollout)
+    assert isinstance(rc, RolloutConfig) and rc.name == "minite" and rc.dtype == "bfloat16"
+    assert rc.checkpoint_engine.backend == "naive" and rc.logprobs_mode == "processed_logprobs"
+    assert rc.calculate_log_probs is True and rc.n == 8
+    check_rollout_config(rc)
+    assert get_rollout_class(rc.name, rc.mode) is MiniteRollout
+    settings = MiniteRolloutSettings.from_rollout_config(rc)
+    assert settings == engine.minite_settings(cfg)
+    assert settings.recipe == "nvfp4_per_token_w1x16_bf16_bwd" and settings.batch_size == 32
+    assert settings.exclude == ("lm_head", regex)  # a regex arrives as written
+    assert c.ray_kwargs.ray_init.runtime_env.env_vars.MINITE_EXCLUDE == f"lm_head,{regex}"
+    assert a.actor.fsdp_config.qat.enable is False  # the learner's linears stay minite's, no W4A16 packing
+    assert list(a.model.external_lib) == ["trainers.engines.verl_patch", "triage.verl",
+                                          "rollout.verl_backend.register"]
+    plan = engine.sampler_plan(cfg)
+    assert plan.mode == "minite" and "nvfp4_per_token_w1x16_bf16_bwd" in plan.notes[0] and len(plan.notes) == 1
+
+    split = engine.minite_settings(_cfg(tmp_path, "triage_rollout_nvfp4"))  # BF16 learner, NVFP4 sampler
+    assert split.recipe == "nvfp4_per_token_w1x16_bf16_bwd"
+    assert "differs from precision.learner=bf16" in engine.sampler_plan(_cfg(tmp_path, "triage_rollout_nvfp4")).notes[1]
+    assert engine.minite_settings(_cfg(tmp_path, "bf16")).recipe == "bf16"
+    with pytest.raises(ConfigError, match="one GPU per replica.*verl.rollout=vllm"):
+        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "verl.tensor_model_parallel_size=2"))
+    with pytest.raises(ConfigError, match="verl.rollout='vlm' is not valid; did you mean 'vllm'"):
+        _cfg(tmp_path, "bf16", "verl.rollout=vlm")
+
+
 def test_micro_batch_tokens_maps_to_verls_dynamic_batch_size(tmp_path):
     c = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16", "algorithm.micro_batch_tokens=12288")))
     a = c.actor_rollout_ref
@@ -141,7 +189,8 @@ def test_tis_and_bf16_recipes_map_to_verls_own_tis_and_plain_vllm(tmp_path):
     assert bf16.actor_rollout_ref.actor.fsdp_config.qat.enable is False
     assert bf16.ray_kwargs.ray_init.runtime_env.env_vars.MINITE_RECIPE == "bf16"
     assert list(bf16.trainer.logger) == ["console", "file"]
-    assert list(bf16.actor_rollout_ref.model.external_lib) == ["trainers.engines.verl_patch"]
+    assert list(bf16.actor_rollout_ref.model.external_lib) == ["trainers.engines.verl_patch",
+                                                               "rollout.verl_backend.register"]
 
 
 def test_extra_overrides_replace_and_reward_hook(tmp_path):
@@ -161,15 +210,18 @@ def test_extra_overrides_replace_and_reward_hook(tmp_path):
 
 
 def test_sampler_plan_and_bad_sampler_recipe(tmp_path):
-    plan = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4"))
+    vllm = "verl.rollout=vllm"
+    plan = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4", vllm))
     assert plan.mode == "nvfp4_w4a16"  # 1x16 weight blocks: the learner's layout is vLLM's, activations differ
     assert not any("16x16" in n for n in plan.notes) and any("activations" in n for n in plan.notes)
-    tiles = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4", "precision=nvfp4_per_token_bf16_bwd"))
+    tiles = engine.sampler_plan(_cfg(tmp_path, "triage_nvfp4", "precision=nvfp4_per_token_bf16_bwd", vllm))
     assert any("16x16" in n for n in tiles.notes)
-    w4a16 = engine.sampler_plan(_cfg(tmp_path, "bf16", "precision=w4a16_nvfp4"))
+    w4a16 = engine.sampler_plan(_cfg(tmp_path, "bf16", "precision=w4a16_nvfp4", vllm))
     assert w4a16.mode == "nvfp4_w4a16" and len(w4a16.notes) == 1  # same 1x16 weights, BF16 activations
-    with pytest.raises(ConfigError, match="MXFP8"):
-        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "precision=mxfp8"))
+    with pytest.raises(ConfigError, match="MXFP8.*verl.rollout=minite runs any recipe"):
+        engine.build_verl_overrides(_cfg(tmp_path, "bf16", "precision=mxfp8", vllm))
+    minite = engine.sampler_plan(_cfg(tmp_path, "bf16", "precision=mxfp8"))  # the learner's recipe, whatever it is
+    assert minite.mode == "minite" and minite.recipe == "mxfp8"
     with pytest.raises(ConfigError, match="must divide"):
         engine.build_verl_overrides(
             _cfg(tmp_path, "bf16", "rollout.prompts_per_step=6", "algorithm.mini_batches=4")
@@ -330,12 +382,18 @@ def test_example_row_has_system_prompt(tmp_path):
 def test_refuses_without_cuda_or_vllm(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(engine.VerlUnavailable) as e:
-        engine.run_verl(_cfg(tmp_path, "bf16"))
+        engine.run_verl(_cfg(tmp_path, "bf16", "verl.rollout=vllm"))
     msg = str(e.value)
     assert "CUDA" in msg and "engine=local" in msg
     if __import__("importlib").util.find_spec("vllm") is None:
-        assert "vLLM" in msg
+        assert "vLLM" in msg and "verl.rollout=minite" in msg
     assert not (tmp_path / "run").exists()  # nothing written before refusing
+    with pytest.raises(engine.VerlUnavailable) as e:  # the default minite rollout needs no vLLM, only its plugin
+        engine.run_verl(_cfg(tmp_path, "bf16"))
+    assert "CUDA" in str(e.value) and "vLLM" not in str(e.value) and "minite" not in str(e.value)
+    monkeypatch.setattr(engine, "_minite_plugin_installed", lambda: False)
+    with pytest.raises(engine.VerlUnavailable, match="rollout.verl_backend.register.*pip install -e"):
+        engine.check_available("minite")
 
     from trainers.grpo import main
 
@@ -349,9 +407,16 @@ def test_dry_run_writes_data_and_overrides(tmp_path, capsys):
     run = tmp_path / "run"
     saved = (run / engine.OVERRIDES_FILE).read_text().splitlines()
     assert saved == engine.build_verl_overrides(cfg)
-    assert capsys.readouterr().out.splitlines() == saved
+    out = capsys.readouterr()
+    assert out.out.splitlines() == saved
+    assert "actor_rollout_ref.rollout.name=minite" in saved and "# sampler (minite)" in out.err
     assert (run / "data" / "train.parquet").is_file() and (run / "data" / "val.parquet").is_file()
-    assert (run / "data" / engine.QUANT_CONFIG_FILE).is_file()
+    assert not (run / "data" / engine.QUANT_CONFIG_FILE).exists()  # vLLM's W4A16 config: not for minite
+    vllm = _cfg(tmp_path, "triage_nvfp4", "verl.dry_run=true", "verl.rollout=vllm",
+                f"trainer.output_dir={tmp_path / 'run_vllm'}")
+    assert engine.run_verl(vllm) == 0
+    assert "actor_rollout_ref.rollout.name=vllm" in capsys.readouterr().out.splitlines()
+    assert (tmp_path / "run_vllm" / "data" / engine.QUANT_CONFIG_FILE).is_file()
     assert "verl.trainer.main_ppo" in (run / engine.COMMAND_FILE).read_text()
     from trainers.config import from_yaml_file
 

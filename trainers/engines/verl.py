@@ -15,12 +15,23 @@ What the translation does (see ``build_verl_overrides``):
   ``algorithm.rollout_correction.rollout_is=token`` with an untruncated threshold (1e9), no batch
   normalisation; TRIAGE recovers ``delta = log w`` and applies its own TIS cap, gate and repair. Non-TRIAGE
   recipes with ``algorithm.rollout_correction.rollout_is`` get verl's own TIS (e.g. token, C = 2).
-* Sampler: vLLM with ``logprobs_mode=processed_logprobs`` (log-probs after temperature, as the local engine).
+* Sampler (``verl.rollout``, default ``minite``): ``actor_rollout_ref.rollout.name=minite``, the project's own
+  sampler as a verl rollout backend (``rollout.verl_backend``, registered through the ``verl.plugins`` entry
+  point), or verl's ``vllm`` / ``sglang`` servers; all with ``logprobs_mode=processed_logprobs`` (log-probs after
+  temperature, as the local engine).
 * Learner precision: ``actor_rollout_ref.model.external_lib=trainers.engines.verl_patch`` patches
   ``FSDPEngine._build_module`` in every worker; the recipe travels as ``MINITE_RECIPE`` (plus
   ``MINITE_SAMPLER_RECIPE``, ``MINITE_EXCLUDE``, ``MINITE_BACKEND``) in
   ``+ray_kwargs.ray_init.runtime_env.env_vars``.
-* Sampler precision (``precision.sampler``): ``bf16`` -> vLLM in BF16. An NVFP4 recipe -> verl's NVFP4 weight
+* Sampler precision with ``verl.rollout=minite``: the sampler's model (its own copy, in each actor worker, in
+  BF16, the FSDP learner's forward dtype) is quantized with ``precision.sampler`` by ``quantize_model``, as the
+  local engine's sampler copy is: W4A4 NVFP4 with the learner's quantizers for the NVFP4 recipes, plain BF16 for
+  ``bf16``. The settings travel as a typed object, ``rollout.verl_backend.settings.MiniteRolloutSettings``, in
+  ``+actor_rollout_ref.rollout.engine_kwargs.minite.*`` (recipe, exclude, backend, alignment, and
+  ``rollout.sampler`` / ``batch_size`` / ``norm_quant``). verl's QAT stays off; each weight update writes the
+  learner's full tensors into the sampler's parameters in place and re-quantizes them
+  (``checkpoint_engine.backend=naive``). One GPU per replica (``verl.tensor_model_parallel_size=1``).
+* Sampler precision with ``verl.rollout=vllm`` (or ``sglang``): ``bf16`` -> vLLM in BF16. An NVFP4 recipe -> verl's NVFP4 weight
   path (``actor_rollout_ref.actor.fsdp_config.qat.enable=true, mode=w4a16``, a compressed-tensors
   ``nvfp4-pack-quantized`` config written next to the data): at every weight sync verl's ``QATQuantizer``
   packs each decoder linear weight as NVFP4 (E2M1 values, E4M3 scale per 1x16 block, FP32 global scale per
@@ -28,7 +39,8 @@ What the translation does (see ``build_verl_overrides``):
   (``compressed-tensors`` W4A16-FP4, a Marlin kernel, on Hopper and on Blackwell alike). ``verl_patch``
   keeps verl's own ``QATLinear`` off the learner, whose linears follow ``precision.learner``.
 
-Mismatch consequences (documented, not hidden): the vLLM sampler is *not* numerically the learner's recipe.
+Mismatch consequences with vLLM (documented, not hidden): the vLLM sampler is *not* numerically the learner's
+recipe.
 It quantizes weights in 1x16 blocks with a per-tensor global scale (the learner's NVFP4 recipes use 16x16
 weight tiles) and keeps activations in BF16 (the learner's ``nvfp4_per_token*`` recipes quantize
 activations per token). The train/rollout gap that TIS/TRIAGE see is therefore larger than on engine=local,
@@ -40,8 +52,10 @@ calibrated checkpoint yet, so W4A4 is not emitted (pass ``verl.extra`` overrides
 
 Verified on CPU: every override composes with verl's own Hydra config (``verl/trainer/config``) and
 passes verl's ``validate_config`` (the check ``main_ppo`` runs before Ray starts), incl. instantiating
-``TriagePolicyLossConfig``; data files load with ``RLHFDataset``; the refusal and the dry run work.
-Not verified: an actual verl run (needs CUDA GPUs and vLLM; neither exists on the development machines).
+``TriagePolicyLossConfig`` and verl's ``RolloutConfig`` with ``name=minite``; data files load with
+``RLHFDataset``; the refusal and the dry run work; the minite backend's contract (tests/rollout).
+Not verified: an actual verl run (needs a CUDA GPU, and vLLM for verl.rollout=vllm; the development machines
+have neither).
 """
 
 from __future__ import annotations
@@ -51,7 +65,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +74,7 @@ from minite_kernels.fileio import atomic_write_text
 from trainers.config import Config, ConfigError, to_yaml
 
 PATCH_MODULE = "trainers.engines.verl_patch"
+MINITE_REGISTER = "rollout.verl_backend.register"  # the verl.plugins entry point of the minite rollout
 REWARD_PATH = f"pkg://{PATCH_MODULE}"
 REWARD_NAME = "compute_score"
 OVERRIDES_FILE = "verl_overrides.txt"
@@ -79,24 +93,16 @@ class VerlUnavailable(RuntimeError):
 
 def _q(value: Any) -> str:
     """A Hydra override value: bools/numbers/None as literals, strings quoted when not plain."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_q(v) for v in value) + "]"
-    s = str(value)
-    if re.fullmatch(r"[A-Za-z_][\w.\-/]*", s) and s not in ("null", "true", "false"):
-        return s
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    from rollout.verl_backend.settings import hydra_value
+
+    return hydra_value(value)
 
 
 def _qs(value: Any) -> str:
     """Always a quoted string (env vars must reach Ray as strings)."""
-    s = str(value)
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    from rollout.verl_backend.settings import hydra_value
+
+    return hydra_value(value, quote=True)
 
 
 def data_dir(cfg: Config) -> pathlib.Path:
@@ -126,15 +132,34 @@ def resolved_recipe_name(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerPlan:
-    """How the vLLM sampler realises ``precision.sampler`` and how far that is from the recipe."""
+    """How the rollout realises ``precision.sampler`` and how far that is from the recipe."""
 
     recipe: str
-    mode: str  # "bf16" | "nvfp4_w4a16"
+    mode: str  # "minite" | "bf16" | "nvfp4_w4a16"
     notes: tuple[str, ...] = ()
+
+
+def minite_settings(cfg: Config) -> Any:
+    """The minite rollout's settings: the sampler's precision as ``engine=local`` applies it to its sampler."""
+    from rollout.verl_backend.settings import MiniteRolloutSettings
+
+    p, r = cfg.precision, cfg.rollout
+    return MiniteRolloutSettings(recipe=resolved_recipe_name(p.sampler), exclude=tuple(str(e) for e in p.exclude),
+                                 backend=p.backend, alignment=p.alignment, sampler=r.sampler,
+                                 batch_size=r.batch_size, norm_quant=r.norm_quant)
 
 
 def sampler_plan(cfg: Config) -> SamplerPlan:
     name = resolved_recipe_name(cfg.precision.sampler)
+    if cfg.verl.rollout == "minite":
+        learner = resolved_recipe_name(cfg.precision.learner)
+        what = "BF16 linears" if name == "bf16" else f"recipe {name} through minite's quantize_model"
+        notes = [(f"the minite rollout samples with {what} (the learner's quantizers), in BF16 (the FSDP "
+                  "learner's forward dtype)")]
+        if name != learner:
+            notes.append(f"precision.sampler={name} differs from precision.learner={learner}: the gap includes "
+                         "the recipe difference")
+        return SamplerPlan(name, "minite", tuple(notes))
     if name == "bf16":
         return SamplerPlan("bf16", "bf16", ("vLLM samples in BF16",))
     r = _recipe(name)
@@ -145,8 +170,8 @@ def sampler_plan(cfg: Config) -> SamplerPlan:
         raise ConfigError(
             f"precision.sampler={cfg.precision.sampler!r} quantizes weights as {w.format}; verl's vLLM "
             "rollout offers NVFP4 W4A16 (this engine) and blockwise-128 FP8, not MXFP8. "
-            "Valid choices for engine=verl: "
-            "bf16 or an NVFP4 recipe (python -m minite_kernels recipes)"
+            "Valid choices for engine=verl with verl.rollout=vllm: "
+            "bf16 or an NVFP4 recipe (python -m minite_kernels recipes); verl.rollout=minite runs any recipe"
         )
     notes = [
         (
@@ -282,7 +307,13 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("data.seed", t.seed)
     # model + learner
     put("actor_rollout_ref.model.path", resolve_model_path(cfg))
-    libs = [PATCH_MODULE] + (["triage.verl"] if a.loss_mode == "triage" else [])
+    minite = cfg.verl.rollout == "minite"
+    if minite and cfg.verl.tensor_model_parallel_size != 1:
+        raise ConfigError(f"verl.tensor_model_parallel_size={cfg.verl.tensor_model_parallel_size}: the minite "
+                          "rollout runs one GPU per replica (valid: 1; more GPUs give more replicas), or use "
+                          "verl.rollout=vllm")
+    libs = ([PATCH_MODULE] + (["triage.verl"] if a.loss_mode == "triage" else [])
+            + ([MINITE_REGISTER] if minite else []))
     put("actor_rollout_ref.model.external_lib", libs)
     for role in ("actor", "ref"):
         put(f"actor_rollout_ref.{role}.strategy", "fsdp2")
@@ -333,17 +364,24 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     elif a.rollout_correction.rollout_is is not None:
         put("algorithm.rollout_correction.rollout_is", a.rollout_correction.rollout_is)
         put("algorithm.rollout_correction.rollout_is_threshold", a.rollout_correction.rollout_is_threshold)
-    # rollout (vLLM)
-    put("actor_rollout_ref.rollout.name", cfg.verl.rollout_name)
+    # rollout
+    put("actor_rollout_ref.rollout.name", cfg.verl.rollout)
     put("actor_rollout_ref.rollout.n", r.n)
     put("actor_rollout_ref.rollout.temperature", r.temperature)
     put("actor_rollout_ref.rollout.top_p", r.top_p)
     put("actor_rollout_ref.rollout.top_k", r.top_k)
     put("actor_rollout_ref.rollout.seed", t.seed)
     put("actor_rollout_ref.rollout.tensor_model_parallel_size", cfg.verl.tensor_model_parallel_size)
-    put("actor_rollout_ref.rollout.gpu_memory_utilization", cfg.verl.gpu_memory_utilization)
     put("actor_rollout_ref.rollout.calculate_log_probs", True)
     put("actor_rollout_ref.rollout.logprobs_mode", "processed_logprobs")
+    if minite:  # the sampler lives in the actor worker: weights arrive in process, in the learner's forward dtype
+        put("actor_rollout_ref.rollout.dtype", "bfloat16")
+        put("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive")
+        for item in minite_settings(cfg).overrides():
+            key, value = item.split("=", 1)
+            put(key.lstrip("+"), value, add=True, raw=True)
+    else:
+        put("actor_rollout_ref.rollout.gpu_memory_utilization", cfg.verl.gpu_memory_utilization)
     plan = sampler_plan(cfg)
     if plan.mode == "nvfp4_w4a16":
         q = "actor_rollout_ref.actor.fsdp_config.qat"
@@ -395,8 +433,15 @@ def build_verl_overrides(cfg: Config) -> list[str]:
 # --------------------------------------------------------------------------------------------- launch
 
 
-def check_available() -> None:
-    """Raise VerlUnavailable naming what is missing (CUDA, vLLM/SGLang, verl)."""
+def _minite_plugin_installed() -> bool:
+    """The minite rollout's ``verl.plugins`` entry point is installed (``pip install -e .`` of this checkout)."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == MINITE_REGISTER for ep in entry_points(group="verl.plugins"))
+
+
+def check_available(rollout: str = "vllm") -> None:
+    """Raise VerlUnavailable naming what is missing (CUDA, the rollout engine, verl)."""
     missing = []
     if importlib.util.find_spec("verl") is None:
         missing.append("verl (pip install 'verl[vllm]==0.9.1')")
@@ -408,11 +453,17 @@ def check_available() -> None:
         cuda = False
     if not cuda:
         missing.append(
-            "a CUDA GPU (torch.cuda.is_available() is False; verl 0.9.1 has no CPU platform and its "
-            "rollout is a vLLM/SGLang server)"
+            "a CUDA GPU (torch.cuda.is_available() is False; verl 0.9.1 has no CPU platform: its workers "
+            "run FSDP with NCCL on GPUs)"
         )
-    if importlib.util.find_spec("vllm") is None:
-        missing.append("vLLM (pip install 'verl[vllm]==0.9.1', which pins vllm==0.24.0)")
+    if rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        missing.append("vLLM (pip install 'verl[vllm]==0.9.1', which pins vllm==0.24.0), or use the default "
+                       "verl.rollout=minite")
+    if rollout == "sglang" and importlib.util.find_spec("sglang") is None:
+        missing.append("SGLang (pip install 'verl[sglang]==0.9.1')")
+    if rollout == "minite" and not _minite_plugin_installed():
+        missing.append(f"the minite rollout's verl.plugins entry point ({MINITE_REGISTER}; pip install -e . in "
+                       "this checkout registers it)")
     if missing:
         raise VerlUnavailable(
             "engine=verl cannot run here: missing "
@@ -462,10 +513,10 @@ def run_verl(cfg: Config) -> int:
     """Write data + overrides into the run dir and run ``python -m verl.trainer.main_ppo`` (exit code).
 
     With ``verl.dry_run=true`` it only writes and prints them (works on any machine). Otherwise it refuses
-    with :class:`VerlUnavailable` when CUDA or vLLM is missing.
+    with :class:`VerlUnavailable` when CUDA or the rollout engine (the minite plugin, vLLM, SGLang) is missing.
     """
     if not cfg.verl.dry_run:
-        check_available()
+        check_available(cfg.verl.rollout)
     from trainers.runlock import RunLock
 
     with RunLock(cfg.output_dir):

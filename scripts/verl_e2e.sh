@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# NOT YET RUN. Written on a CPU-only machine for issue 41; no result of it exists yet.
+#
+# engine=verl end to end on one GPU: verl's GRPO trainer (FSDP2 actor with minite's NVFP4 linears, the TRIAGE
+# loss) with the minite rollout (rollout.name=minite: the project's CUDA-graph sampler under the learner's own
+# W4A4 recipe), on the embedded model, for $STEPS steps with wandb offline: the first half, a checkpoint, then a
+# resumed second half. Then engine=local on the same recipe, seed and data, and one JSON comparing the two
+# (reward curve, mean |delta| and q05, gated fraction, step time): $OUT/verl_e2e_metrics.json.
+#
+#   OUT=verl_e2e_out STEPS=20 bash scripts/verl_e2e.sh
+#
+# Needs: one CUDA GPU; torch, verl 0.9.1 and ray importable by $PY; this checkout (its verl.plugins entry points
+# register rollout.name=minite and the triage loss, so it is installed editable below). Steps run through
+# device_common.sh's `step`: each has a time limit, its log in $OUT/NAME.log and a line in $OUT/summary.txt.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+STEPS=${STEPS:-20}
+HALF=$((STEPS / 2))
+export OUT=${OUT:-verl_e2e_out}
+source scripts/device_common.sh
+export WANDB_MODE=offline HF_HUB_OFFLINE=1
+if [ -e "$out/verl" ] || [ -e "$out/local" ]; then
+    echo "error: $out already holds runs (verl/, local/); choose another OUT" >&2
+    exit 1
+fi
+
+# 0. the entry points, and what the run needs, before anything long starts
+step install 600 $PY -m pip install -q --no-deps -e .
+step preflight 300 $PY -c "
+import importlib.metadata as md, torch, ray, verl
+from verl.workers.rollout.base import get_rollout_class
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+assert torch.cuda.is_available(), 'no CUDA device'
+print('gpu', torch.cuda.get_device_name(), 'torch', torch.__version__, 'verl', verl.__version__, 'ray', ray.__version__)
+print('rollout', get_rollout_class('minite'), RolloutReplicaRegistry.get('minite'))
+print('plugins', [e.value for e in md.entry_points(group='verl.plugins')])
+"
+# 1. the Ray wiring of the rollout on this GPU (server actor -> actor worker -> CUDA-graph sampler), ~1 min
+step rollout_check 900 $PY scripts/verl_rollout_check.py --device cuda --recipe nvfp4_per_token_w1x16_bf16_bwd
+
+COMMON=(recipe=triage_nvfp4 trainer.seed=0 logger.wandb.mode=offline trainer.save_every="$HALF")
+VERL=(engine=verl trainer.output_dir="$out/verl" verl.n_gpus_per_node=1 verl.rollout=minite)
+# 2. the overrides alone (verl.dry_run), then steps 1..HALF with a checkpoint at HALF
+step verl_dry_run 600 $PY -m trainers.grpo "${COMMON[@]}" "${VERL[@]}" trainer.max_steps="$STEPS" verl.dry_run=true
+step verl_first_half 3600 $PY -m trainers.grpo "${COMMON[@]}" "${VERL[@]}" trainer.max_steps="$HALF" \
+    trainer.resume=never
+# 3. resume from the checkpoint of step HALF and run to STEPS
+step verl_resume 3600 $PY -m trainers.grpo "${COMMON[@]}" "${VERL[@]}" trainer.max_steps="$STEPS" trainer.resume=auto
+ls -R "$out/verl/checkpoints" > "$out/verl_checkpoints.txt" 2>&1
+# 4. engine=local: the same recipe, seed and data
+step local 3600 $PY -m trainers.grpo "${COMMON[@]}" engine=local trainer.output_dir="$out/local" \
+    trainer.max_steps="$STEPS"
+# 5. the comparison
+$PY scripts/verl_e2e_metrics.py verl="$out/verl" local="$out/local" > "$out/verl_e2e_metrics.json" \
+    2> "$out/verl_e2e_metrics.log"
+echo "metrics rc=$?" >> "$out/summary.txt"
+cat "$out/summary.txt"
