@@ -128,7 +128,8 @@ def _fusable(final_norm, layers, qk_norm: bool) -> tuple[str | None, float]:
 
 def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torch.Tensor], tok: torch.Tensor,
                   pos: torch.Tensor, slot: torch.Tensor, attend: Callable, fns: dict | None = None,
-                  packed: list | None = None, norm_quant: bool = False, down: list | None = None) -> torch.Tensor:
+                  packed: list | None = None, norm_quant: bool = False, down: list | None = None,
+                  o: list | None = None) -> torch.Tensor:
     """Logits [B, V] of one decode step, writing this step's K/V into slot ``slot`` of each layer's cache.
 
     ``keys[i]`` / ``values[i]``: [B, Hkv, S, D] views of the static cache; ``tok``, ``pos``: int64 [B];
@@ -141,9 +142,11 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
     quantization in one Triton launch (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm
     for q/k/v and gate/up; the SiLU product for ``down[i]``, ``PackedLinears.down``), instead of the op's output
     quantized by the group.
+    ``down`` / ``o``: per layer, the down / o projection as a one-module group (``PackedLinears.down`` / ``.o``)
+    or None; such a group runs the projection where it takes the input (FP4 weights), else the module runs.
     """
     if fns is not None:
-        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed, norm_quant, down)
+        return _decode_fused(view, keys, values, tok, pos, slot, attend, fns, packed, norm_quant, down, o)
     b = tok.shape[0]
     d, hkv = view.head_dim, view.num_kv_heads
     rep = view.num_heads // hkv
@@ -160,14 +163,14 @@ def decode_logits(view: DecoderView, keys: list[torch.Tensor], values: list[torc
         q, k = view.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, Hq, 1, D], [B, Hkv, 1, D]
         keys[i].index_copy_(2, slot, k)
         values[i].index_copy_(2, slot, v.transpose(1, 2))
-        o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)  # [B, Hkv, rep, D]
-        h = h + a.o_proj(o.reshape(b, 1, -1))
+        att = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)  # [B, Hkv, rep, D]
+        h = h + a.o_proj(att.reshape(b, 1, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return view.lm_head(view.norm(h))[:, 0]
 
 
 def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: dict, packed,
-                  norm_quant: bool = False, down: list | None = None) -> torch.Tensor:
+                  norm_quant: bool = False, down: list | None = None, o: list | None = None) -> torch.Tensor:
     b = tok.shape[0]
     d, hkv, eps = view.head_dim, view.num_kv_heads, view.eps
     rep = view.num_heads // hkv
@@ -206,21 +209,24 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
         q, k, v = q.view(b, 1, -1, d), k.view(b, 1, -1, d), v.view(b, 1, -1, d)
         wq, wk = (a.q_norm.weight, a.k_norm.weight) if view.qk_norm else (None, None)
         q = fns["qk_norm_rope_store"](q, k, v, wq, wk, eps, cos, sin, keys[i], values[i], slot)
-        o = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling)
-        h, x = norm(h, a.o_proj(o.reshape(b, 1, -1)), layer.post_attention_layernorm.weight, gu)
+        att = attend(q.reshape(b, hkv, rep, d), keys[i], values[i], a.scaling).reshape(b, 1, -1)
+        y = project(o[i] if o is not None else None, att)
+        h, x = norm(h, a.o_proj(att) if y is None else y, layer.post_attention_layernorm.weight, gu)
         y = project(gu, x)
         if y is not None:
             g, u = y.split(gu.splits, dim=-1)
         else:
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
-        dn = down[i] if norm_quant and down is not None else None
-        if dn is not None and dn.takes_deq(g):
+        dn = down[i] if down is not None else None
+        if norm_quant and dn is not None and dn.takes_deq(g):
             from minite_kernels.backends.triton.norm_quant import silu_mul_deq
 
             k = g.shape[-1]
             y = dn.from_deq(silu_mul_deq(g.reshape(-1, k), u.reshape(-1, k))[0], g.shape)
         else:
-            y = mlp.down_proj(fns["silu_mul"](g, u))
+            act = fns["silu_mul"](g, u)
+            y = project(dn if dn is not None and dn.fp4 is not None else None, act)
+            y = mlp.down_proj(act) if y is None else y
         last = i + 1 == len(layers)
         w_next = view.norm.weight if last else layers[i + 1].input_layernorm.weight
         h, x = norm(h, y, w_next, None if last else groups[i + 1][0])

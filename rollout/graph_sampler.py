@@ -105,13 +105,18 @@ class GraphSampler(Sampler):
     down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). Off by default:
     X̂ is checked bit for bit under the interpreter and the kernels compile offline for sm_90, but they have
     not been timed on a GPU.
+    ``fp4_weights``: "auto", True or False: packed NVFP4 groups (and then the o and down projections) hold the
+    NVFP4 bytes and run the FP4-weight GEMM (``packed.py``, ``minite_kernels.backends.triton.fp4w``), where its
+    measured table prefers it ("auto") or wherever it runs (True); False keeps the BF16 Ŵ copies.
+    ``describe()`` reports the groups and the weight bytes the decode step reads.
     """
 
     name = "graph"
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
                  fused: bool | str = "auto", attention: str = "auto", pack: bool = True,
-                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False) -> None:
+                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False,
+                 fp4_weights: bool | str = "auto") -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
                 raise ValueError(f"{name} must be 'auto', True or False, got {v!r}")
@@ -132,7 +137,8 @@ class GraphSampler(Sampler):
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
         self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
         self._fns = functions(compile_=cuda) if use_fused else None
-        self._packed = PackedLinears(self.view, down=bool(norm_quant)) if use_fused and pack else None
+        self._packed = (PackedLinears(self.view, down=bool(norm_quant), fp4=fp4_weights)
+                        if use_fused and pack else None)
         if self._packed is not None and not self._packed.any:
             self._packed = None
         if norm_quant not in (True, False):
@@ -178,7 +184,18 @@ class GraphSampler(Sampler):
                 "fused": self.fused, "fused_off_reason": self.view.unfusable, "attention": self.attention,
                 "packed_bytes": self._packed.nbytes if self._packed else 0,
                 "packed_quantized_groups": self._packed.quantized_groups if self._packed else 0,
+                **self._weight_memory(),
                 "norm_quant": self.norm_quant, **self.stats}
+
+    def _weight_memory(self) -> dict:
+        """``fp4_weight_groups``: packed groups that run on FP4 weights; ``quantized_weight_bytes``: what the
+        decode step reads for the packed quantized linears' weights, and ``_vs_bf16``: that over the same
+        weights' BF16 bytes (FP4: 0.5625 / 2 plus a factor per row; Ŵ copies: 1)."""
+        if not self._packed or not self._packed.quantized_groups:
+            return {"fp4_weight_groups": 0, "quantized_weight_bytes": 0, "quantized_weight_bytes_vs_bf16": None}
+        held, bf16 = self._packed.quantized_weight_bytes()
+        return {"fp4_weight_groups": self._packed.fp4_groups, "quantized_weight_bytes": held,
+                "quantized_weight_bytes_vs_bf16": held / bf16}
 
     # ------------------------------------------------------------------------------------------ state
     def _ensure_state(self, rows: int, seq: int, steps: int, nstops: int) -> _State:
@@ -413,7 +430,8 @@ class GraphSampler(Sampler):
                 return attn.decode_attention_ref(q, k[:, :, :s], v[:, :, :s], mask, scale)
         logits = decode_logits(self.view, keys, values, st.tok[:b], st.pos[:b], st.slot, attend, self._fns,
                                self._packed.layers if self._packed is not None else None, self.norm_quant,
-                               self._packed.down if self._packed is not None else None)
+                               self._packed.down if self._packed is not None else None,
+                               self._packed.o if self._packed is not None else None)
         st.step += 1
         self._record(st, b, logits, params)
         st.pos[:b] += 1

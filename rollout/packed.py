@@ -17,8 +17,19 @@ Two kinds of group are packed:
   ``fast_lane.call_ok`` refuses the input, :meth:`Packed.__call__` returns None and the modules run.
 
 Other linears are not packed, except that a sampler fusing the NVFP4 activation quantization into the ops
-before the GEMMs (``down=True``) also keeps each lane-eligible down projection's Ŵ as a one-module group. The
-packed copies are extra memory (``nbytes``), allocated once so that
+before the GEMMs (``down=True``) also keeps each lane-eligible down projection's Ŵ as a one-module group.
+
+**FP4 weights** (``fp4``): a quantized group can hold its weight as the NVFP4 bytes themselves (an
+:class:`~minite_kernels.backends.triton.fp4w.FP4Weight`: E2M1 codes, E4M3 scales and each linear's decode factor,
+0.5625 bytes per value) instead of the BF16 Ŵ, and run ``minite_kernels.backends.triton.fp4w`` on it: the
+decode step then reads 3.6x fewer weight bytes. With FP4 weights the o and down projections become one-module
+groups too (``o[i]``, ``down[i]``), so every lane linear of the step reads packed bytes, and no BF16 copy of a
+quantized weight is kept. ``fp4="auto"`` takes FP4 for a group where the kernel's measured table
+(``fp4w.TABLE``) prefers it at decode batch sizes, on a device where the kernel runs; ``True`` wherever it runs.
+The numerics are the activation's ``X̂`` as today times the exact ``e2m1 · s`` products, with the per-tensor
+factor in the fp32 epilogue (``fp4w``'s docstring bounds the difference from ``X̂ Ŵᵀ``).
+
+The packed copies are extra memory (``nbytes``), allocated once so that
 captured graphs read fixed addresses, and refreshed from the live parameters (or the modules' current
 quantized weights) by :meth:`PackedLinears.refresh` before every batch's decode (one device copy per
 weight), so they follow the optimizer's in-place updates and the weight sync.
@@ -57,13 +68,29 @@ def _shared_lane(mods) -> tuple | None:
 
 @dataclass
 class Packed:
-    """One packed group: ``weight`` [sum N, K], ``bias`` or None, the ``splits`` of its output and, for a
-    quantized group, the shared fast-lane plan (``lane``)."""
+    """One packed group: ``weight`` [sum N, K] (None for an FP4 group), ``bias`` or None, the ``splits`` of its
+    output, for a quantized group the shared fast-lane plan (``lane``), and for an FP4 group its packed
+    NVFP4 weight (``fp4``)."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | None
     bias: torch.Tensor | None
     splits: list[int]
     lane: tuple | None = None
+    fp4: object | None = None
+
+    def _gemm(self, x_hat: torch.Tensor) -> torch.Tensor:
+        """``Y`` of the group from X̂ [rows, K]: the FP4 kernel on the packed weight, or the lane's GEMM on Ŵ."""
+        if self.fp4 is not None:
+            from minite_kernels.backends.triton.fp4w import fp4w_linear
+
+            return fp4w_linear(x_hat, self.fp4, self.bias)
+        from minite_kernels.modules.fast_lane import deq_linear
+
+        return deq_linear(x_hat, self.weight, self.bias)
+
+    @property
+    def in_features(self) -> int:
+        return self.fp4.shape[1] if self.fp4 is not None else self.weight.shape[1]
 
     def takes_deq(self, like: torch.Tensor) -> bool:
         """Whether the group, given an input with ``like``'s rows, dtype and device ([..., K]), runs the lane's
@@ -72,45 +99,70 @@ class Packed:
             return False
         from minite_kernels.modules.fast_lane import deq_ok
 
-        return deq_ok(self.lane, like.reshape(-1, like.shape[-1]), self.weight)
+        x2d = like.reshape(-1, like.shape[-1])
+        return deq_ok(self.lane, x2d, self.weight if self.weight is not None else x2d)  # FP4: the model's dtype
 
     def from_deq(self, x_hat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """The group's outputs from X̂ = deq(Q_token(x)) [rows, K] made elsewhere, shaped ``shape[:-1] + [N]``
         (only where :meth:`takes_deq` holds: the same values as ``self(x)``)."""
-        from minite_kernels.modules.fast_lane import deq_linear
-
-        y = deq_linear(x_hat, self.weight, self.bias)
+        y = self._gemm(x_hat)
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The group's concatenated outputs for ``x`` [..., K], or None where the modules must run."""
         if self.lane is None:
             return F.linear(x, self.weight, self.bias)
-        from minite_kernels.modules.fast_lane import call_ok, dequantized_linear
+        from minite_kernels.modules.fast_lane import call_ok
 
         x2d = x.reshape(-1, x.shape[-1])
-        if not call_ok(self.lane, x2d, self.weight):
+        if not call_ok(self.lane, x2d, self.weight if self.weight is not None else x2d):  # FP4: the model's dtype
             return None
-        y, _ = dequantized_linear(self.lane, x2d, self.weight, self.bias)
+        recipe, _, quantizer = self.lane
+        y = self._gemm(quantizer.quantize_token_deq(x2d, recipe.fprop.a).deq)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class PackedLinears:
-    """Per layer ``(qkv, gate_up)``: a :class:`Packed` group or None where not packed. With ``down=True``, also
-    ``down[i]``: layer i's down projection as a one-module group when it is on the NVFP4 fast lane (so that the
-    decode step can hand it an X̂ made with the SiLU product, ``backends/triton/norm_quant.py``), else None."""
+    """Per layer ``(qkv, gate_up)``: a :class:`Packed` group or None where not packed. With ``down=True`` or FP4
+    groups, also ``down[i]``: layer i's down projection as a one-module group when it is on the NVFP4 fast lane
+    (so that the decode step can hand it an X̂ made with the SiLU product, ``backends/triton/norm_quant.py``, or
+    run it on FP4 weights), else None; with FP4 groups, ``o[i]`` likewise for the o projection (else ``o`` is
+    None). ``fp4``: "auto", True or False (module docstring)."""
 
-    def __init__(self, view, *, down: bool = False) -> None:
+    def __init__(self, view, *, down: bool = False, fp4: bool | str = "auto") -> None:
+        if fp4 not in ("auto", True, False):
+            raise ValueError(f"fp4 must be 'auto', True or False, got {fp4!r}")
+        self.fp4_mode = fp4
         self.layers: list[tuple] = []
-        self.down: list[Packed | None] | None = [] if down else None
         self._sources: list[tuple] = []  # (packed buffer, source modules or tensors, lane or None)
         for layer in view.layers:
             a, mlp = layer.self_attn, layer.mlp
             qkv = self._group([a.q_proj, a.k_proj, a.v_proj])
             gu = self._group([mlp.gate_proj, mlp.up_proj]) if hasattr(mlp, "gate_proj") else None
             self.layers.append((qkv, gu))
-            if self.down is not None:
-                self.down.append(self._group([mlp.down_proj], lane_only=True))
+        has_fp4 = any(g is not None and g.fp4 is not None for pair in self.layers for g in pair)
+        self.o: list[Packed | None] | None = None
+        self.down: list[Packed | None] | None = None
+        if has_fp4:
+            self.o = [self._group([layer.self_attn.o_proj], lane_only=True) for layer in view.layers]
+        if down or has_fp4:
+            self.down = [self._group([layer.mlp.down_proj], lane_only=True) if hasattr(layer.mlp, "down_proj")
+                         else None for layer in view.layers]
+
+    def _use_fp4(self, lane: tuple, n: int, k: int, device: torch.device) -> bool:
+        if self.fp4_mode is False:
+            return False
+        # a lane exists only on the Triton backend, so Triton imports here
+        from minite_kernels.backends.triton._common import kernel_device_ok
+        from minite_kernels.backends.triton.fp4w import prefers_fp4
+
+        recipe = lane[0]
+        b = recipe.fprop.b
+        if b.format != "nvfp4" or b.rht or b.stochastic_rounding or k % 32:
+            return False
+        if not kernel_device_ok(torch.empty(0, device=device)):
+            return False
+        return self.fp4_mode is True or prefers_fp4(n, k)
 
     def _group(self, mods: list, *, lane_only: bool = False) -> Packed | None:
         lane = None
@@ -119,15 +171,24 @@ class PackedLinears:
             if lane is None:
                 return None
         ws = [m.weight for m in mods]
-        w = torch.empty((sum(x.shape[0] for x in ws), ws[0].shape[1]), dtype=ws[0].dtype, device=ws[0].device)
-        self._sources.append((w, mods, lane))
+        n, k, dev = sum(x.shape[0] for x in ws), ws[0].shape[1], ws[0].device
+        fp4 = None
+        if lane is not None and self._use_fp4(lane, n, k, dev):
+            from minite_kernels.backends.triton.fp4w import FP4Weight
+
+            fp4 = FP4Weight.empty(n, k, dev)
+            self._sources.append((fp4, mods, lane))
+            w = None
+        else:
+            w = torch.empty((n, k), dtype=ws[0].dtype, device=dev)
+            self._sources.append((w, mods, lane))
         b = None
         if any(m.bias is not None for m in mods):
-            bs = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=w.dtype, device=w.device)
+            bs = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=ws[0].dtype, device=dev)
                   for m in mods]
-            b = torch.empty(w.shape[0], dtype=w.dtype, device=w.device)
+            b = torch.empty(n, dtype=ws[0].dtype, device=dev)
             self._sources.append((b, bs, None))
-        return Packed(w, b, [x.shape[0] for x in ws], lane)
+        return Packed(w, b, [x.shape[0] for x in ws], lane, fp4)
 
     @property
     def any(self) -> bool:
@@ -138,14 +199,39 @@ class PackedLinears:
         return sum(1 for _, _, lane in self._sources if lane is not None)
 
     @property
+    def fp4_groups(self) -> int:
+        return sum(1 for dst, _, _ in self._sources if not isinstance(dst, torch.Tensor))
+
+    @property
     def nbytes(self) -> int:
-        return sum(dst.numel() * dst.element_size() for dst, _, _ in self._sources)
+        return sum(dst.nbytes if not isinstance(dst, torch.Tensor) else dst.numel() * dst.element_size()
+                   for dst, _, _ in self._sources)
+
+    def quantized_weight_bytes(self) -> tuple[int, int]:
+        """(bytes the decode step reads for the quantized groups' weights as held here, the same weights'
+        BF16 bytes): FP4 groups 0.5625 bytes per value plus a 4-byte factor per row, Ŵ groups 2."""
+        held = bf16 = 0
+        for dst, mods, lane in self._sources:
+            if lane is None:
+                continue
+            numel = sum(m.weight.numel() for m in mods)
+            bf16 += 2 * numel
+            held += dst.nbytes if not isinstance(dst, torch.Tensor) else dst.numel() * dst.element_size()
+        return held, bf16
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the live parameters (a quantized group: its modules' current Ŵ) into the packed buffers (same
-        addresses every time)."""
+        """Copy the live parameters (a quantized group: its modules' current Ŵ, or for an FP4 group their
+        current NVFP4 bytes) into the packed buffers (same addresses every time)."""
         for dst, srcs, lane in self._sources:
+            if not isinstance(dst, torch.Tensor):  # FP4Weight
+                from minite_kernels.modules.fast_lane import lane_qweight
+
+                row = 0
+                for m in srcs:
+                    q = lane_qweight(lane, m._weight_cache, m.weight)
+                    row = dst.copy_rows_(row, q.data, q.scales, q.amax)
+                continue
             if lane is not None:
                 from minite_kernels.modules.fast_lane import lane_weight
 

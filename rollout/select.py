@@ -12,15 +12,20 @@ from rollout.graph_sampler import GraphSampler
 from rollout.local import LocalSampler
 
 ENGINES = ("auto", "graph", "loop")
+FP4_WEIGHTS = {"auto": "auto", "on": True, "off": False}
 
 
 def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str = "auto",
-                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False):
+                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False,
+                 fp4_weights: str = "auto"):
     """A sampler with ``generate(prompt_ids, SamplingParams) -> list[Completion]`` and ``describe()``;
     ``alignment``: ``default`` or ``strict`` (batch-invariant reductions, ``minite_kernels.strict``);
-    ``norm_quant``: the graph engine's fused norm + NVFP4 activation quantizer (``GraphSampler``)."""
+    ``norm_quant``: the graph engine's fused norm + NVFP4 activation quantizer (``GraphSampler``);
+    ``fp4_weights``: ``auto``, ``on`` or ``off``, the graph engine's FP4-weight GEMMs (``GraphSampler``)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown sampler engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if fp4_weights not in FP4_WEIGHTS:
+        raise ValueError(f"unknown fp4_weights {fp4_weights!r}; valid: {', '.join(FP4_WEIGHTS)}")
     cuda = next(model.parameters()).device.type == "cuda"
     if norm_quant and (engine == "loop" or (engine == "auto" and not cuda)):
         raise ValueError("norm_quant=True is a CUDA-graph engine option: the reference loop runs here "
@@ -31,7 +36,7 @@ def make_sampler(model, tokenizer, *, batch_size: int | None = None, engine: str
         return LocalSampler(model, tokenizer, batch_size=batch_size, alignment=alignment)
     try:
         return GraphSampler(model, tokenizer, batch_size=batch_size, check_every=check_every, alignment=alignment,
-                            norm_quant=norm_quant)
+                            norm_quant=norm_quant, fp4_weights=FP4_WEIGHTS[fp4_weights])
     except UnsupportedModel as e:
         if engine == "auto":
             warnings.warn(f"CUDA-graph sampler: {e}; using the reference loop", stacklevel=2)

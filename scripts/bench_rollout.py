@@ -1,6 +1,7 @@
 """Rollout throughput, side by side in one process on the same model and prompts.
 
     python scripts/bench_rollout.py                      # CUDA: random Qwen3-0.6B-shaped model, 64 x 256 tokens
+    python scripts/bench_rollout.py --shape 4b --variants graph_bf16,graph_nvfp4,graph-deqw_nvfp4
     python scripts/bench_rollout.py --device cpu --tiny --seqs 4 --max-new-tokens 8 --variants graph_bf16,loop_bf16
 
 Variants (``--variants``, comma-separated):
@@ -10,6 +11,9 @@ Variants (``--variants``, comma-separated):
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
   Triton decode-attention kernel; ``graph-nopack_*``: without packed q/k/v and gate/up GEMMs;
   ``graph-nq_nvfp4``: the packed NVFP4 groups' X̂ made by the norm before them (``norm_quant=True``);
+  ``graph_nvfp4`` runs the FP4-weight GEMM where its table prefers it (``fp4_weights="auto"``);
+  ``graph-fp4_nvfp4`` on every NVFP4 projection (``True``); ``graph-deqw_nvfp4`` on none (``False``: cuBLAS on
+  the BF16 dequantized weights, the path before the FP4-weight GEMM);
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -46,8 +50,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from profile_table import profiled
 
-VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16",
-            "graph-nopack_nvfp4", "graph-nq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-fp4_nvfp4", "graph-deqw_nvfp4", "graph-sdpa_bf16",
+            "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 
@@ -103,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", default="graph_bf16,graph_nvfp4,loop_bf16,hf_static_bf16")
+    ap.add_argument("--shape", default="0.6b", help="Qwen3 shape of the random model (rollout.models.QWEN3_SHAPES)")
     ap.add_argument("--seqs", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rollout import GraphSampler, LocalSampler, SamplingParams
-    from rollout.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
+    from rollout.models import QWEN3_SHAPES, tiny_random_qwen3
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
 
@@ -135,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
+    if a.shape not in QWEN3_SHAPES:
+        ap.error(f"unknown --shape {a.shape!r}; valid: {', '.join(QWEN3_SHAPES)}")
     dev = torch.device(a.device)
     base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype,
-                                  **({} if a.tiny else QWEN3_0_6B_SHAPES))
+                                  device=dev, **({} if a.tiny else QWEN3_SHAPES[a.shape]))
     examples = arithmetic_examples(a.seqs, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples]
     T = a.max_new_tokens
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def model_for(prec: str):
         if prec not in models:
-            m = copy.deepcopy(base).to(dev)
+            m = base if prec == "bf16" else copy.deepcopy(base).to(dev)  # sampling leaves the weights alone
             rep = None
             if prec == "nvfp4":
                 from minite_kernels import quantize_model
@@ -161,10 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         model, rep = model_for(prec)
         params = SamplingParams(max_new_tokens=T, seed=0)
         sampler = None
-        if kind in ("graph", "graph-sdpa", "graph-nopack", "graph-nq", "eager"):
+        if kind in ("graph", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq", "eager"):
+            fp4 = {"graph-fp4": True, "graph-deqw": False}.get(kind, "auto")
             sampler = GraphSampler(model, tok, graphs=kind != "eager", check_every=a.check_every,
                                    attention="sdpa" if kind == "graph-sdpa" else "auto",
-                                   pack=kind != "graph-nopack", norm_quant=kind == "graph-nq")
+                                   pack=kind != "graph-nopack", norm_quant=kind == "graph-nq", fp4_weights=fp4)
         elif kind == "loop":
             sampler = LocalSampler(model, tok)
         if sampler is not None:
@@ -211,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         results[variant] = entry
         print(f"[bench_rollout] {variant}: {json.dumps(entry)[:400]}", file=sys.stderr)
+        sampler = run = None  # its graphs and packed copies go before the next variant's
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     ref = results.get("graph_bf16", {}).get("tokens_per_s")
     speedup = {v: r["tokens_per_s"] / ref for v, r in results.items() if ref and "tokens_per_s" in r}
     out = {"bench": "rollout", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype, "seqs": a.seqs,
+           "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype, "seqs": a.seqs,
            "max_new_tokens": T, "prompt_tokens_max": max(len(p) for p in prompts), "reps": a.reps,
            "copy_bw_bytes_per_s": bw, "torch": torch.__version__, "results": results,
            "timed_reduction_configs": a.timed_reduction_configs,

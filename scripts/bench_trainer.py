@@ -1,6 +1,7 @@
 """One GRPO step (rollout + log-prob recompute + update + weight sync), BF16 vs NVFP4, side by side.
 
     python scripts/bench_trainer.py                       # CUDA: randomly initialised Qwen3-0.6B-shaped model
+    python scripts/bench_trainer.py --shape 4b --fp4-weights auto   # Qwen3-4B shape (rollout.models.QWEN3_SHAPES)
     python scripts/bench_trainer.py --device cpu --tiny --reps 1 --prompts 2 --n 2 --max-new-tokens 8   # smoke
 
 Both precisions run the trainer's own components: its sampler (``--sampler``: ``auto`` is the CUDA-graph engine
@@ -160,14 +161,15 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     return t
 
 
-def _setup(recipe: str, base, tok, dev, a) -> dict:
-    """One recipe's model (a copy of ``base``, quantized unless bf16), sampler, optimizer and weight sync."""
+def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
+    """One recipe's model (a copy of ``base``, or ``base`` itself for the ``last`` one set up: one model less
+    in memory; quantized unless bf16), sampler, optimizer and weight sync."""
     import torch
 
     from rollout import make_sampler
     from trainers.engines.local import _triton_kernels_ok
 
-    model = copy.deepcopy(base).to(dev)
+    model = base if last else copy.deepcopy(base).to(dev)  # the last recipe set up trains ``base`` itself
     precision: dict = {"recipe": recipe, "patched": False}
     if recipe != "bf16":
         from minite_kernels import quantize_model
@@ -175,7 +177,8 @@ def _setup(recipe: str, base, tok, dev, a) -> dict:
         rep = quantize_model(model, recipe, backend=a.backend)
         precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
                      "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
-    sampler = make_sampler(model, tok, engine=a.sampler, norm_quant=a.norm_quant and precision["patched"])
+    sampler = make_sampler(model, tok, engine=a.sampler, norm_quant=a.norm_quant and precision["patched"],
+                           fp4_weights=a.fp4_weights)
     if a.ignore_eos:
         sampler.default_stop_ids = ()
     weight_sync = None
@@ -216,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--norm-quant", action="store_true",
                     help="the NVFP4 recipes' graph engine with norm_quant=True (the norm makes the packed projections' "
                          "quantized activation operand)")
+    ap.add_argument("--shape", default="0.6b", help="Qwen3 shape of the random model (rollout.models.QWEN3_SHAPES)")
+    ap.add_argument("--fp4-weights", default="auto", choices=("auto", "on", "off"),
+                    help="the NVFP4 recipes' sampler: FP4-weight GEMMs where the table prefers them, everywhere, or "
+                         "none (cuBLAS on BF16 dequantized weights)")
     ap.add_argument("--host-profile", action="store_true",
                     help="after the timed steps, one more step with each phase under cProfile: the costliest Python "
                          "functions per phase in the JSON line (host_profile)")
@@ -224,20 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rollout import SamplingParams
-    from rollout.models import QWEN3_0_6B_SHAPES, tiny_random_qwen3
+    from rollout.models import QWEN3_SHAPES, tiny_random_qwen3
     from trainers.config import DataConfig
     from trainers.data import arithmetic_examples, render_prompt
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
+    if a.shape not in QWEN3_SHAPES:
+        ap.error(f"unknown --shape {a.shape!r}; valid: {', '.join(QWEN3_SHAPES)}")
     dev = torch.device(a.device)
-    shapes = {} if a.tiny else QWEN3_0_6B_SHAPES
-    base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype, **shapes)
+    shapes = {} if a.tiny else QWEN3_SHAPES[a.shape]
+    base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype,
+                                  device=dev, **shapes)
     examples = arithmetic_examples(a.prompts, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
     names = a.recipes.split(",")
-    runs = {recipe: _setup(recipe, base, tok, dev, a) for recipe in names}
+    runs = {recipe: _setup(recipe, base, tok, dev, a, last=i == len(names) - 1) for i, recipe in enumerate(names)}
     rows: dict[str, list] = {recipe: [] for recipe in names}
     orders: list[list[str]] = []
     # step 0 warms every recipe up (captures, compiles, autotuning); steps 1..reps are timed, interleaved: each
@@ -271,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         med["sampler"] = run["sampler"].describe()
         results[recipe] = med
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "model": "tiny-qwen3" if a.tiny else "qwen3-0.6b-shape (random)", "dtype": a.dtype,
+           "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype,
+           "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__,
            "timed_orders": orders, "results": results,

@@ -96,6 +96,10 @@ class RolloutConfig:
     # (the norm, the SiLU product: rollout.graph_sampler norm_quant); off by default: on the H200 its gain was
     # within run-to-run noise (benchmarks/RESULTS.md)
     norm_quant: bool = False
+    # the graph engine's NVFP4 projections read the packed NVFP4 weight (4.5 bits per value) through the
+    # FP4-weight GEMM (minite_kernels.backends.triton.fp4w): auto where its measured table prefers it, on
+    # wherever it runs, off keeps BF16 dequantized copies (rollout.packed)
+    fp4_weights: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,13 @@ def lane_weight(lane: tuple, cache: WeightCache, weight: torch.Tensor) -> torch.
     return quantizer.dequantized(fprop_weight(recipe, backend, cache, weight, weight, 0))
 
 
+def lane_qweight(lane: tuple, cache: WeightCache, weight: torch.Tensor):
+    """Q(W), the current weight's NVFP4 operand (``data``, ``scales``, ``amax``) that :func:`lane_weight`
+    dequantizes: what the sampler's FP4-weight GEMM reads (``backends/triton/fp4w.py``)."""
+    recipe, backend, _ = lane
+    return fprop_weight(recipe, backend, cache, weight, weight, 0)
+
+
 def dequantized_linear(lane: tuple, x2d: torch.Tensor, w_hat: torch.Tensor, bias) -> tuple:
     """(Y, X̂): ``Y = deq(Q_token(X)) Ŵᵀ (+ b)`` given Ŵ. ``w_hat`` may stack several layers' Ŵ along N (one
     GEMM for q/k/v of one input, as the sampler's packed projections): X̂ is per token, so each layer's

@@ -470,7 +470,7 @@ def test_gpu_nvfp4_packed_groups_are_the_modules_forward():
     from rollout.packed import PackedLinears
 
     model, tok, _ = _nvfp4_model()
-    packed = PackedLinears(decoder_view(model))
+    packed = PackedLinears(decoder_view(model), fp4=False)
     assert packed.quantized_groups == 2 * model.config.num_hidden_layers
     packed.refresh()
     layer = model.model.layers[1]
@@ -494,11 +494,117 @@ def test_gpu_nvfp4_engine_with_and_without_packing():
     model, tok, _ = _nvfp4_model()
     prompts = _prompts(512)
     p = SamplingParams(max_new_tokens=24, seed=3)
-    eng = GraphSampler(model, tok, graphs=True, pack=True)
+    eng = GraphSampler(model, tok, graphs=True, pack=True, fp4_weights=False)
     got = eng.generate(prompts, p)
     assert eng.describe()["packed_quantized_groups"] == 4 and eng.describe()["decode"] == "cuda_graph"
-    _compare(GraphSampler(model, tok, graphs=False, pack=True).generate(prompts, p), got, atol=0.0)
+    _compare(GraphSampler(model, tok, graphs=False, pack=True, fp4_weights=False).generate(prompts, p), got,
+             atol=0.0)
     _agree_up_to_first_difference(GraphSampler(model, tok, graphs=True, pack=False).generate(prompts, p), got)
+
+
+# ------------------------------------------------------------------------------------------ FP4-weight groups
+def _fp4_group_checks(model, eng, device) -> None:
+    """Every packed group of ``eng`` runs on FP4 weights: each group's output is the FP4-weight GEMM's
+    reference on the lane's own X̂ and the modules' current NVFP4 bytes, bit for bit (``group(x)`` for q/k/v,
+    gate/up, o and down); the decode step reads at most 0.35x the BF16 weight bytes."""
+    from minite_kernels.backends.triton.fp4w import fp4w_linear_reference
+
+    d = eng.describe()
+    layers = model.config.num_hidden_layers
+    assert d["fp4_weight_groups"] == 4 * layers and d["packed_quantized_groups"] == 4 * layers, d
+    assert d["quantized_weight_bytes_vs_bf16"] <= 0.35, d
+    packed = eng._packed
+    packed.refresh()
+    for i in range(layers):
+        (qkv, gu), o, dn = packed.layers[i], packed.o[i], packed.down[i]
+        for g in (qkv, gu, o, dn):
+            assert g.weight is None and g.fp4 is not None  # no BF16 copy of a quantized weight
+            k = g.in_features
+            x = torch.randn(8, 1, k, device=device).to(torch.bfloat16)
+            recipe, _, quantizer = g.lane
+            x_hat = quantizer.quantize_token_deq(x.reshape(-1, k), recipe.fprop.a).deq
+            want = fp4w_linear_reference(x_hat.cpu(), _cpu(g.fp4), None if g.bias is None else g.bias.cpu())
+            got = g(x).reshape(8, -1).cpu()
+            if device == "cpu":  # the interpreter sums in the reference's order
+                assert torch.equal(got, want)
+            else:  # compiled: the same up to the order of the fp32 sum (one BF16 step either side of a tie)
+                torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=2**-7)
+
+
+def _cpu(w):
+    from minite_kernels.backends.triton.fp4w import FP4Weight
+
+    return FP4Weight(w.codes.cpu(), w.scales.cpu(), w.gain.cpu())
+
+
+@interp_only
+def test_interp_fp4_weight_groups_follow_the_weights(monkeypatch):
+    """``fp4_weights=True``: q/k/v, gate/up, o and down hold the NVFP4 bytes (no BF16 Ŵ copy) and run the
+    FP4-weight GEMM; a weight change reaches the same buffers on refresh; the engine samples close to the
+    dequantized-weight engine (the two differ by Ŵ's BF16 rounding, ``fp4w``'s docstring)."""
+    from minite_kernels import quantize_model
+    from minite_kernels.backends.triton import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
+    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
+    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    eng = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=True)
+    _fp4_group_checks(model, eng, "cpu")
+    g = eng._packed.layers[0][0]
+    ptr, before = g.fp4.codes.data_ptr(), g.fp4.codes.clone()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(-1.0)
+    eng._packed.refresh()
+    assert g.fp4.codes.data_ptr() == ptr and not torch.equal(g.fp4.codes, before)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(-1.0)
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=3, temperature=0.0)
+    deq = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=False)
+    assert deq.describe()["fp4_weight_groups"] == 0 and deq.describe()["quantized_weight_bytes_vs_bf16"] == 1.0
+    _agree_up_to_first_difference(deq.generate(prompts, p), eng.generate(prompts, p), atol=0.2, min_share=0.25)
+
+
+def test_fp4_weights_option_is_checked():
+    model, tok = _tiny("qwen3")
+    with pytest.raises(ValueError, match="fp4 must be 'auto', True or False"):
+        GraphSampler(model, tok, graphs=False, fused=True, fp4_weights="yes")
+    with pytest.raises(ValueError, match="unknown fp4_weights 'yes'; valid: auto, on, off"):
+        make_sampler(model, tok, engine="graph", fp4_weights="yes")
+    eng = GraphSampler(model, tok, graphs=False, fused=True)  # bf16 model: nothing quantized, nothing in FP4
+    assert eng.describe()["fp4_weight_groups"] == 0
+
+
+@gpu
+def test_gpu_fp4_weight_groups_inside_the_graph_and_weight_sync():
+    """On the GPU: the FP4 groups compute the FP4-weight GEMM on the modules' bytes; graph replay equals eager
+    bit for bit; ModelWeightSync plus the engine's refresh keep the graphs valid and follow the new weights; and
+    the engine samples close to the dequantized-weight engine (measured tolerance, as norm_quant's test)."""
+    from minite_kernels.modules.weight_sync import ModelWeightSync
+
+    model, tok, _ = _nvfp4_model()
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=20, seed=6)
+    eng = GraphSampler(model, tok, graphs=True, fp4_weights=True)
+    _fp4_group_checks(model, eng, "cuda")
+    got = eng.generate(prompts, p)
+    assert eng.describe()["decode"] == "cuda_graph"
+    _compare(GraphSampler(model, tok, graphs=False, fp4_weights=True).generate(prompts, p), got, atol=0.0)
+    greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
+    _agree_up_to_first_difference(GraphSampler(model, tok, graphs=True, fp4_weights=False).generate(prompts, greedy),
+                                  eng.generate(prompts, greedy), atol=0.2, min_share=0.25)
+    sync = ModelWeightSync(model)
+    sync.sync()
+    _replayed(eng, lambda: eng.generate(prompts, p))
+    captures = eng.stats["captures"]
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(torch.randn_like(prm) * 0.05)
+    sync.sync()
+    after = _replayed(eng, lambda: eng.generate(prompts, p))
+    assert eng.stats["captures"] == captures
+    assert [c.token_ids for c in after] != [c.token_ids for c in got]
+    _compare(GraphSampler(model, tok, graphs=False, fp4_weights=True).generate(prompts, p), after, atol=0.0)
 
 
 # ----------------------------------------------------------------------------------- Triton interpreter (CPU)
@@ -526,8 +632,8 @@ def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
         monkeypatch.setattr(nq, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
     prompts = _prompts(512)  # 8 rows: the lane's GEMM, not the <= 4-row decode kernel
     p = SamplingParams(max_new_tokens=3, temperature=0.0)
-    plain = GraphSampler(model, tok, graphs=False, fused=True)
-    fused = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True)
+    plain = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=False)
+    fused = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True, fp4_weights=False)
     assert fused.describe()["norm_quant"] is True and plain.describe()["packed_quantized_groups"] == 4
     want, got = plain.generate(prompts, p), fused.generate(prompts, p)
     steps = 2  # decode steps after the prefill's token

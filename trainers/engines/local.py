@@ -261,7 +261,7 @@ class LocalTrainer:
         try:
             self.sampler = make_sampler(self.sampler_model, self.tok, batch_size=cfg.rollout.batch_size,
                                         engine=cfg.rollout.sampler, alignment=cfg.precision.alignment,
-                                        norm_quant=cfg.rollout.norm_quant)
+                                        norm_quant=cfg.rollout.norm_quant, fp4_weights=cfg.rollout.fp4_weights)
         except UnsupportedModel as e:
             raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
         except ValueError as e:

@@ -15,6 +15,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
                    GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps): the
                    launchers; ``decode_kernels`` holds the kernels and their math (the first formulation,
                    the benchmarks' baseline, is ``scripts/decode_planes.py``)
+- ``fp4w``         FP4-weight GEMM for the sampler's decode step at tens of rows: packed E2M1 codes and E4M3
+                   scales upcast in registers (``tl.dot_scaled``), per-tensor factors in the epilogue
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
