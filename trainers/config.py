@@ -64,6 +64,9 @@ class ArithmeticConfig:
     size: int = 2000
     levels: tuple[int, ...] = (1, 2)  # 1: a+b (1 digit); 2: 2-digit + 1-digit; 3: 2-digit + 2-digit; 4: a*b (1 digit)
     seed: int = 1234
+    # true: never draw a problem of the held-out part (trainers.data.split; the eval task arithmetic_heldout), so
+    # that held-out evals score problems the run never trained on; false: the draws of earlier studies
+    exclude_heldout: bool = False
 
 
 @dataclass(frozen=True)

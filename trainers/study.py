@@ -13,8 +13,10 @@ after N seconds: each run gets SIGTERM, finishes and saves the step in progress 
     table.md       per arm, mean +- sample std over seeds: reward at equal steps, held-out accuracy (of the last
                    checkpoints, and by checkpoint step), mean |delta|,
                    q05(delta), gated-token fraction, the gate's gradient shift, repair loss, step time
-    reward.png     reward per arm: the seed mean of each run's moving mean, with a min-max band over seeds
+    reward.png     reward per arm: each seed raw (thin), the seed mean of each run's moving mean (thick), arm colours
+                   fixed by role (``trainers.palette``)
     panels.png     the report's Figure-2 panels (reward, entropy, mean |gap|, negative tail) the same way
+    heldout.png    held-out accuracy (``val/average``) per arm at the eval steps, when the runs evaluate themselves
 
 Resuming: a run whose ``metrics.jsonl`` reaches ``trainer.max_steps`` is not started again, an interrupted one
 continues from its checkpoint (``trainer.resume=auto``), and an eval with a ``results.json`` is reused, so the
@@ -677,7 +679,7 @@ def comparison_table(vs: dict) -> list[str]:
 
 
 def write_outputs(cfg: StudyConfig, summary: dict) -> None:
-    from trainers.plots import plot_groups
+    from trainers.plots import HELDOUT, plot_groups
 
     atomic_write_text(cfg.root / "summary.json", json.dumps(_clean(summary), indent=1) + "\n")
     atomic_write_text(cfg.root / "table.md", f"# Study `{cfg.name}`\n\n" + table(summary))
@@ -686,6 +688,9 @@ def write_outputs(cfg: StudyConfig, summary: dict) -> None:
     if groups:
         plot_groups(groups, cfg.root / "reward.png", cfg.window, title=f"{cfg.name}: reward", panels=1)
         plot_groups(groups, cfg.root / "panels.png", cfg.window, title=cfg.name)
+        if any("val/average" in r for runs in groups.values() for run in runs for r in read_metrics(run)):
+            plot_groups(groups, cfg.root / "heldout.png", 1, title=f"{cfg.name}: held-out accuracy",
+                        panels=HELDOUT)
 
 
 def where(cfg: StudyConfig) -> str:

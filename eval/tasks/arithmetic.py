@@ -8,7 +8,9 @@ reward (the last number of the response equals the gold). Besides ``accuracy`` i
 ``accuracy_L1`` ... ``accuracy_L4`` per level.
 
 Levels 1, 2 and 4 have only 81, 360 and 64 distinct problems, so their held-out rows repeat training
-problems; level 3 has 8,100 and mostly does not (the data SOURCE.md counts the overlap).
+problems; level 3 has 8,100 and mostly does not (the data SOURCE.md counts the overlap). ``arithmetic_heldout``
+(and ``arithmetic_cot_heldout``) is the set that is held out: every problem of a hash-chosen part of the space,
+once, which a run with ``data.arithmetic.exclude_heldout=true`` never trains on (``trainers.data.split``).
 """
 from __future__ import annotations
 
@@ -60,4 +62,24 @@ class ArithmeticCoT(Arithmetic):
     name = "arithmetic_cot"
     data_name = "arithmetic"
     title = "Arithmetic, step by step (held-out)"
+    instruction = COT_INSTRUCTION
+
+
+@register
+class ArithmeticHeldout(Arithmetic):
+    """Every problem of the held-out part of the arithmetic space once (``trainers.data.split``): disjoint from
+    the training problems of any run with ``data.arithmetic.exclude_heldout=true``."""
+
+    name = "arithmetic_heldout"
+    data_name = "arithmetic_heldout"
+    title = "Arithmetic (held out from training by construction)"
+    samples_source = "this library: one greedy-or-sampled pass over 533 distinct problems"
+
+
+@register
+class ArithmeticCoTHeldout(ArithmeticHeldout):
+    """The held-out rows with the step-by-step prompt (``COT_INSTRUCTION``)."""
+
+    name = "arithmetic_cot_heldout"
+    title = "Arithmetic, step by step (held out from training by construction)"
     instruction = COT_INSTRUCTION

@@ -9,7 +9,7 @@ from scoring.math import to_number
 
 MATH_TASKS = ["aime24", "aime25", "amc23", "math500", "gsm8k"]
 ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "gsm8k": 1319, "ifeval": 541,
-        "arithmetic": 400, "arithmetic_cot": 400}
+        "arithmetic": 400, "arithmetic_cot": 400, "arithmetic_heldout": 533, "arithmetic_cot_heldout": 533}
 
 
 def test_registry_lists_every_task():

@@ -13,6 +13,7 @@ from typing import Any
 
 from minite_kernels.fileio import iter_json_objects
 from trainers.config import DataConfig
+from trainers.data.split import is_heldout
 
 GSM8K_TRAIN = pathlib.Path(__file__).resolve().parent / "gsm8k" / "train.jsonl"
 
@@ -45,13 +46,18 @@ _ARITH = {
 }
 
 
-def arithmetic_examples(size: int, levels: tuple[int, ...], seed: int) -> list[Example]:
-    """Seeded graded arithmetic: level 1 '3 + 5', 2 '27 + 4', 3 '58 + 36', 4 '7 * 8'; levels cycle."""
+def arithmetic_examples(size: int, levels: tuple[int, ...], seed: int, exclude_heldout: bool = False) -> list[Example]:
+    """Seeded graded arithmetic: level 1 '3 + 5', 2 '27 + 4', 3 '58 + 36', 4 '7 * 8'; levels cycle.
+
+    ``exclude_heldout``: redraw every problem of the held-out part (``trainers.data.split``), so that no example
+    is a problem of the ``arithmetic_heldout`` eval set; off, the draws are those of earlier versions."""
     rng = random.Random(seed)
     out = []
     for i in range(size):
         level = levels[i % len(levels)]
         a, op, b = _ARITH[level](rng)
+        while exclude_heldout and is_heldout(level, a, op, b):
+            a, op, b = _ARITH[level](rng)
         value = a + b if op == "+" else a * b
         out.append(Example(i, f"What is {a} {op} {b}?", str(value), "arithmetic", {"level": level}))
     return out
@@ -90,7 +96,8 @@ def read_jsonl(path: str | pathlib.Path, prompt_key: str, answer_key: str, *, gs
 
 def load_examples(cfg: DataConfig) -> list[Example]:
     if cfg.task == "arithmetic":
-        ex = arithmetic_examples(cfg.arithmetic.size, cfg.arithmetic.levels, cfg.arithmetic.seed)
+        ex = arithmetic_examples(cfg.arithmetic.size, cfg.arithmetic.levels, cfg.arithmetic.seed,
+                                 cfg.arithmetic.exclude_heldout)
         return ex[:cfg.limit] if cfg.limit else ex
     if cfg.task == "gsm8k":
         return read_jsonl(cfg.path or GSM8K_TRAIN, cfg.prompt_key, cfg.answer_key, gsm8k=True,
