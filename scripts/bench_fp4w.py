@@ -77,7 +77,9 @@ def _configs(n: int, k: int, m: int) -> dict[str, F.FP4WConfig]:
 
 
 def write_table(best: dict) -> None:
-    """Rewrite the TABLE block of fp4w.py: ``best[(n, k)][bucket] = config or None``."""
+    """Rewrite the TABLE block of fp4w.py with ``best[(n, k)][bucket] = config or None``; shapes not measured
+    now keep their entries."""
+    best = {**F.TABLE, **best}
     path = pathlib.Path(F.__file__)
     lines = ["TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {"]
     for (n, k), row in sorted(best.items()):

@@ -112,7 +112,20 @@ class FP4WConfig:
 #: :data:`DEFAULT_CONFIG`.
 # fmt: off
 # BEGIN TABLE
-TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {}
+TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
+    (1024, 2048): {16: None, 64: None, 128: None},
+    (1024, 3072): {16: FP4WConfig(block_n=64, block_k=128, split=8, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (2560, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=8, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (2560, 9728): {16: None, 64: None, 128: None},
+    (4096, 1024): {16: None, 64: None, 128: None},
+    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=4, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (4096, 12288): {16: FP4WConfig(block_n=128, block_k=128, split=8, num_warps=4, num_stages=3, upcast='f32'), 64: None, 128: None},
+    (6144, 1024): {16: None, 64: None, 128: None},
+    (6144, 2560): {16: None, 64: None, 128: None},
+    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=4, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=256, split=2, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=1, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+}
 # END TABLE
 # fmt: on
 
