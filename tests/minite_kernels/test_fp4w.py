@@ -201,9 +201,9 @@ def test_gpu_matches_reference():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     c = _mod().FP4WConfig
-    configs = (None, c(split=1), c(split=4, upcast="f32"), c(block_n=64, block_k=64, split=2, upcast="bf16"),
-               c(block_n=128, block_k=256), c(block_n=256, num_warps=8, num_stages=3),
-               c(block_n=64, block_k=128, num_warps=8, num_stages=3, upcast="f32"))
+    configs = (None, c(split=1, upcast="asm"), c(split=4, upcast="asm"), c(block_n=64, block_k=64, split=2,
+               upcast="bf16"), c(block_n=128, block_k=256, upcast="asm"), c(block_n=256, num_warps=8, num_stages=3),
+               c(block_n=64, block_k=128, num_warps=8, num_stages=3, upcast="asm"))
     for m, ns, k, bias in ((5, (2048, 1024, 1024), 1024, False), (64, (1024,), 3072, False),
                            (64, (3072, 3072), 1024, True), (17, (1024,), 2048, False), (100, (256,), 512, True),
                            (256, (512,), 1024, False)):
