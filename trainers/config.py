@@ -268,7 +268,7 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _coerce(value: Any, tp: Any, key: str, root: type = Config) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -285,7 +285,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(value, a, key)
+                return _coerce(value, a, key, root)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(f"{key}={value!r} must be {_describe(tp)}" + (f" ({errors[0]})" if errors else ""))
@@ -297,10 +297,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(f"{key}={value!r} must be a list")
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+            return tuple(_coerce(v, args[0], f"{key}[{i}]", root) for i, v in enumerate(value))
         if len(args) != len(value):
             raise ConfigError(f"{key}={list(value)!r} must have {len(args)} items")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(_coerce(v, a, f"{key}[{i}]", root) for i, (v, a) in enumerate(zip(value, args)))
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} must be a mapping")
@@ -326,7 +326,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return str(value)
         raise ConfigError(f"{key}={value!r} must be a string")
     if _is_dc(tp):
-        return build(tp, value, key + ".")
+        return build(tp, value, key + ".", root)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
 
 
@@ -342,16 +342,24 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return out
 
 
-def _unknown(key: str, valid: list[str]) -> ConfigError:
+def _unknown(key: str, root: type = Config) -> ConfigError:
+    valid = all_keys(root)
     hint = did_you_mean(key, valid, cutoff=0.5)
     if not hint:  # the same leaf under another section
         leaf = key.rsplit(".", 1)[-1]
         hint = did_you_mean(leaf, [k for k in valid if k.rsplit(".", 1)[-1] == leaf], cutoff=0.0)
-    return ConfigError(f"unknown config key {key!r}{hint} (list them all with `python -m trainers.grpo --keys`)")
+    # the trainer's schema is too long to print in one line; a smaller one (trainers.controlled) lists its keys
+    where = ("list them all with `python -m trainers.grpo --keys`" if root is Config
+             else "valid: " + ", ".join(valid))
+    return ConfigError(f"unknown config key {key!r}{hint} ({where})")
 
 
-def build(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a nested mapping, validating every key and value."""
+def build(cls: type, data: Any, prefix: str = "", root: type | None = None) -> Any:
+    """Build dataclass `cls` from a nested mapping, validating every key and value.
+
+    ``root`` is the schema the whole mapping follows (default: ``cls``), whose keys an unknown key is matched
+    against; any frozen-dataclass schema works (``trainers.controlled.config`` builds its own with it)."""
+    root = cls if root is None else root
     if isinstance(data, cls):
         return data
     if data is None:
@@ -364,8 +372,8 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in names:
-            raise _unknown(key, all_keys(Config))
-        kwargs[k] = _coerce(v, hints[k], key)
+            raise _unknown(key, root)
+        kwargs[k] = _coerce(v, hints[k], key, root)
     obj = cls(**kwargs)
     _check_values(obj, prefix)
     return obj
@@ -675,7 +683,7 @@ def load_config(args: list[str] | tuple[str, ...] = ()) -> Config:
         if plus and exists:
             raise ConfigError(f"override +{key}: key already exists; drop the '+' to change it")
         if not plus and not exists and not _free_form_parent(path):
-            raise _unknown(key, all_keys(Config))
+            raise _unknown(key)
         _set(tree, path, _parse_value(key, raw))
     return validate(build(Config, tree))
 

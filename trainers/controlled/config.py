@@ -13,19 +13,17 @@ Worked example::
     >>> load_controlled(None, ["task.lenght=256"])
     Traceback (most recent call last):
     ...
-    trainers.controlled.config.ControlledConfigError: unknown key 'task.lenght'; did you mean 'task.length'? (valid: ...
+    trainers.controlled.config.ControlledConfigError: unknown config key 'task.lenght'; did you mean 'task.length'? (valid: ...
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
-import typing
 from dataclasses import dataclass, field
-from typing import Any
 
 from minite_kernels.choices import did_you_mean
+from trainers.config import ConfigError, build
 
 #: the injected sampler mismatches, each studied on its own (``trainers.controlled.mismatch``)
 KINDS = ("noise", "temperature", "burst", "nvfp4")
@@ -36,7 +34,7 @@ ARMS = ("on_policy", "none", "tis", "triage", "gate_only", "repair_only")
 SWEEP_PARAM = {"noise": "noise_sigma", "temperature": "temperature", "burst": "burst_logit"}
 
 
-class ControlledConfigError(ValueError):
+class ControlledConfigError(ConfigError):
     """A bad study file or override; the message names the key, the value and the valid choices."""
 
 
@@ -118,69 +116,6 @@ class ControlledConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def all_keys(cls: type = ControlledConfig, prefix: str = "") -> list[str]:
-    out = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out += all_keys(tp, f"{prefix}{f.name}.")
-        else:
-            out.append(prefix + f.name)
-    return out
-
-
-def _leaf(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ControlledConfigError(f"{key}={value!r} must be a list")
-        args = typing.get_args(tp)
-        if args[-1] is Ellipsis:
-            return tuple(_leaf(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise ControlledConfigError(f"{key}={list(value)!r} must have {len(args)} items")
-        return tuple(_leaf(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise ControlledConfigError(f"{key}={value!r} must be a mapping")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ControlledConfigError(f"{key}={value!r} must be true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ControlledConfigError(f"{key}={value!r} must be an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        raise ControlledConfigError(f"{key}={value!r} must be a finite number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ControlledConfigError(f"{key}={value!r} must be a string")
-    raise ControlledConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
-
-
-def _build(cls: type, data: Any, prefix: str = "") -> Any:
-    if not isinstance(data, dict):
-        raise ControlledConfigError(f"{prefix.rstrip('.') or 'the study'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        if k not in names:
-            valid = all_keys()
-            raise ControlledConfigError(f"unknown key {key!r}{did_you_mean(key, valid, cutoff=0.5)} (valid: "
-                                        + ", ".join(valid) + ")")
-        tp = hints[k]
-        kwargs[k] = _build(tp, v, key + ".") if dataclasses.is_dataclass(tp) else _leaf(v, tp, key)
-    return cls(**kwargs)
 
 
 def _choices(key: str, values: tuple[str, ...], valid: tuple[str, ...]) -> None:
@@ -268,4 +203,8 @@ def load_controlled(path: str | os.PathLike | None, overrides: list[str] | tuple
         tree = OmegaConf.to_container(OmegaConf.merge(*parts))
     except OmegaConfBaseException as e:
         raise ControlledConfigError(f"{where}: cannot parse the study or its overrides ({e})") from None
-    return validate(_build(ControlledConfig, tree or {}))
+    try:  # keys and types: the trainer's schema builder (trainers.config.build); its errors become this module's
+        cfg = build(ControlledConfig, tree or {})
+    except ConfigError as e:
+        raise ControlledConfigError(str(e)) from None
+    return validate(cfg)

@@ -30,7 +30,7 @@ def test_the_bundled_study_validates_and_equals_the_code_defaults():
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("task.lenght=3", "unknown key 'task.lenght'; did you mean 'task.length'?"),
+    ("task.lenght=3", "unknown config key 'task.lenght'; did you mean 'task.length'?"),
     ("kinds=[noise,tempreature]", "valid choices: noise, temperature, burst, nvfp4"),
     ("arms=[none,none]", "without repeats"),
     ("task.vocab=12", "multiple of 16"),
