@@ -25,7 +25,7 @@ before the GEMMs (``down=True``) also keeps each lane-eligible down projection's
 decode step then reads 3.6x fewer weight bytes. With FP4 weights the o and down projections become one-module
 groups too (``o[i]``, ``down[i]``), so every lane linear of the step reads packed bytes, and no BF16 copy of a
 quantized weight is kept. ``fp4="auto"`` takes FP4 for a group where the kernel's measured table
-(``fp4w.TABLE``) prefers it at decode batch sizes, on a device where the kernel runs; ``True`` wherever it runs.
+(``fp4w.TABLE``) prefers it at 64 rows (a rollout batch), on a device where the kernel runs; ``True`` wherever it runs.
 The numerics are the activation's ``X̂`` as today times the exact ``e2m1 · s`` products, with the per-tensor
 factor in the fp32 epilogue (``fp4w``'s docstring bounds the difference from ``X̂ Ŵᵀ``).
 
@@ -143,11 +143,11 @@ class PackedLinears:
         has_fp4 = any(g is not None and g.fp4 is not None for pair in self.layers for g in pair)
         self.o: list[Packed | None] | None = None
         self.down: list[Packed | None] | None = None
-        if has_fp4:
-            self.o = [self._group([layer.self_attn.o_proj], lane_only=True) for layer in view.layers]
+        if has_fp4:  # one-module groups only where they hold FP4 bytes: a BF16 copy would only cost memory
+            self.o = [self._group([layer.self_attn.o_proj], lane_only=True, fp4_only=True) for layer in view.layers]
         if down or has_fp4:
-            self.down = [self._group([layer.mlp.down_proj], lane_only=True) if hasattr(layer.mlp, "down_proj")
-                         else None for layer in view.layers]
+            self.down = [self._group([layer.mlp.down_proj], lane_only=True, fp4_only=not down)
+                         if hasattr(layer.mlp, "down_proj") else None for layer in view.layers]
 
     def _use_fp4(self, lane: tuple, n: int, k: int, device: torch.device) -> bool:
         if self.fp4_mode is False:
@@ -164,7 +164,9 @@ class PackedLinears:
             return False
         return self.fp4_mode is True or prefers_fp4(n, k)
 
-    def _group(self, mods: list, *, lane_only: bool = False) -> Packed | None:
+    def _group(self, mods: list, *, lane_only: bool = False, fp4_only: bool = False) -> Packed | None:
+        """A group of ``mods`` (None where they cannot be one); ``lane_only``: only on the NVFP4 fast lane;
+        ``fp4_only``: only with FP4 weights."""
         lane = None
         if lane_only or not _plain(*mods):
             lane = _shared_lane(mods)
@@ -173,7 +175,10 @@ class PackedLinears:
         ws = [m.weight for m in mods]
         n, k, dev = sum(x.shape[0] for x in ws), ws[0].shape[1], ws[0].device
         fp4 = None
-        if lane is not None and self._use_fp4(lane, n, k, dev):
+        use_fp4 = lane is not None and self._use_fp4(lane, n, k, dev)
+        if fp4_only and not use_fp4:
+            return None
+        if use_fp4:
             from minite_kernels.backends.triton.fp4w import FP4Weight
 
             fp4 = FP4Weight.empty(n, k, dev)

@@ -151,8 +151,10 @@ def test_table_lookup_and_buckets():
         assert mod.table_config(4096, 1024, 100) == mod.FP4WConfig(block_n=64)
         assert mod.table_config(4096, 1024, 8) is None  # a bucket not measured: the nearest measured (64)
         assert mod.table_config(4096, 1024, 300) == mod.FP4WConfig(block_n=64)  # 256: from 128
-        assert mod.table_config(1, 32, 64) is mod.DEFAULT_CONFIG  # a shape not measured
+        assert mod.table_config(1, 64, 16) is mod.DEFAULT_CONFIG  # a shape not measured, few rows
+        assert mod.table_config(1, 64, 64) is None  # a shape not measured, as many rows as no shape won at
         assert not mod.prefers_fp4(4096, 1024, (64,)) and mod.prefers_fp4(4096, 1024, (64, 128))
+        assert not mod.prefers_fp4(1, 64) and mod.prefers_fp4(1, 64, (16,))
     finally:
         mod.TABLE.clear()
         mod.TABLE.update(saved)

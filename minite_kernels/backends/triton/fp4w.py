@@ -1,7 +1,8 @@
 """FP4-weight GEMM for the sampler's decode step: ``Y = X̂ (Q_w)ᵀ · g_w (+ b)`` reading the NVFP4 weight as its
 packed E2M1 codes and E4M3 block scales (4.5 bits per value) and decoding them in registers on Hopper, where
-there are no FP4 tensor cores. At decode batch sizes (tens of rows) a projection is bound by the bytes of its
-weight, so reading 4.5 bits per value instead of 16 is what makes an NVFP4 rollout faster than a BF16 one.
+there are no FP4 tensor cores. At decode batch sizes (tens of rows) and the model sizes people train, a
+projection is bound by the bytes of its weight, so reading 4.5 bits per value instead of 16 is what can make an
+NVFP4 rollout faster than a BF16 one (how close this kernel gets: ``benchmarks/RESULTS.md``).
 
 For weight row n and K block j of 16 values, with ``q`` the E2M1 value of a code, ``s`` the E4M3 block scale,
 ``a[n]`` the amax of the weight tensor row n belongs to (a packed q/k/v group keeps one per linear)::
@@ -13,7 +14,8 @@ For weight row n and K block j of 16 values, with ``q`` the E2M1 value of a code
 
 ``X̂`` is the learner's per-token activation, quantized exactly as the dequantized-weight path quantizes it
 (``deq(Q_token(x))`` in BF16). Every product ``X̂ · QS`` is exact in fp32 (8 significant bits times 5), so the
-result differs from TE's exact weight semantics only by the order of the fp32 sum, and from the learner's
+weight side is TE's exact semantics (``QS``, with the per-tensor factor in the epilogue), and the result
+differs from the learner's
 dequantized-weight GEMM ``X̂ Ŵᵀ`` (Ŵ = bf16(q · fp32(s · a · fl(1/2688)))) by Ŵ's per-element BF16 rounding and
 the output roundings: ``|ΔY| <= 2^-8 Σ_k |X̂ Ŵ| + 2^-7 |Y|`` (a relative L2 difference of about 3e-3 on random
 data). The tests check that bound, and bit-equality with the pure-PyTorch reference
@@ -22,9 +24,9 @@ data). The tests check that bound, and bit-equality with the pure-PyTorch refere
 The program is swap-AB: weight rows are the MMA's M dimension (64-128 per program), activation rows its N
 dimension, and split-K fills the SMs for short N. The codes and scales reach shared memory by asynchronous copies
 that Triton pipelines over the K loop; each thread then reads its codes in the MMA's register layout, upcasts them
-(a nibble's bits placed into an fp16, widened, times the block scale) and feeds the register operand of the
-Hopper MMA (``wgmma`` with A from registers), so the weight crosses HBM packed and never exists in BF16 in
-memory. For the upcast to land in that layout without shuffles, the codes are stored chunked
+(a nibble's bits placed into a 16-bit float, times the block scale: :data:`UPCASTS`) and feeds the register
+operand of the Hopper MMA (``wgmma`` with A from registers), so the weight crosses HBM packed and never exists
+in BF16 in memory. For the upcast to land in that layout without shuffles, the codes are stored chunked
 (:func:`chunk_codes`): within each 64 values of a row, byte j holds value j in its low nibble and value 32 + j in
 its high nibble, so the low nibbles of a step form one MMA operand and the high nibbles another, each against
 its own rows of X̂ᵀ. ``tl.dot_scaled`` would do the upcast itself, but Triton 3.6 lowers it on Hopper only for
@@ -108,8 +110,8 @@ class FP4WConfig:
 
 
 #: measured configurations, ``(N, K) -> {M bucket: config, or None where cuBLAS on the BF16 Ŵ was faster}``.
-#: ``scripts/bench_fp4w.py --write-table`` rewrites this block from a sweep on the GPU; shapes missing here take
-#: :data:`DEFAULT_CONFIG`.
+#: ``scripts/bench_fp4w.py --write-table`` rewrites this block from a sweep on the GPU; shapes missing here follow
+#: what the sweeps found for every shape so far (:func:`table_config`).
 # fmt: off
 # BEGIN TABLE
 TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
@@ -133,6 +135,9 @@ DEFAULT_CONFIG = FP4WConfig()
 
 #: the activation-row buckets of the table (a row count takes the smallest bucket that holds it)
 M_BUCKETS = (8, 16, 32, 64, 128, 256)
+#: the most rows at which a shape missing from the table takes the FP4 kernel: no measured shape was faster at
+#: 64 rows, and 8 of 12 were at 16
+UNMEASURED_MAX_ROWS = 16
 
 
 def m_bucket(m: int) -> int:
@@ -142,10 +147,11 @@ def m_bucket(m: int) -> int:
 def table_config(n: int, k: int, m: int) -> FP4WConfig | None:
     """The measured configuration for a [N, K] weight at ``m`` rows: a config, or None where the measurement
     found cuBLAS on the BF16 Ŵ faster. A bucket not measured takes the nearest measured one below it (else the
-    smallest); a shape not measured takes :data:`DEFAULT_CONFIG`."""
+    smallest); a shape not measured takes :data:`DEFAULT_CONFIG` up to :data:`UNMEASURED_MAX_ROWS` rows and
+    None above, as the measured shapes did."""
     row = TABLE.get((n, k))
     if not row:
-        return DEFAULT_CONFIG
+        return DEFAULT_CONFIG if m_bucket(m) <= UNMEASURED_MAX_ROWS else None
     b = m_bucket(m)
     below = [x for x in row if x <= b]
     return row[max(below) if below else min(row)]
