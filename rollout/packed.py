@@ -154,11 +154,11 @@ class PackedLinears:
             return False
         # a lane exists only on the Triton backend, so Triton imports here
         from minite_kernels.backends.triton._common import kernel_device_ok
-        from minite_kernels.backends.triton.fp4w import prefers_fp4
+        from minite_kernels.backends.triton.fp4w import CHUNK, prefers_fp4
 
         recipe = lane[0]
         b = recipe.fprop.b
-        if b.format != "nvfp4" or b.rht or b.stochastic_rounding or k % 32:
+        if b.format != "nvfp4" or b.rht or b.stochastic_rounding or k % CHUNK:
             return False
         if not kernel_device_ok(torch.empty(0, device=device)):
             return False
