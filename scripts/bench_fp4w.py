@@ -162,7 +162,7 @@ def main() -> int:
             xs = {name: torch.randn(b, k, device="cuda", dtype=torch.bfloat16, generator=g) for name, _, k in projs}
             copies = min(len(ws) for ws in layer.values())
 
-            def chain(fp4: bool, xs=xs, copies=copies, b=b):
+            def chain(fp4: bool, xs=xs, copies=copies, b=b, layer=layer):
                 for c in range(copies):
                     for name, _, _ in projs:
                         w, pk = layer[name][c]
