@@ -147,12 +147,8 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     _timed(t, "update_s", dev, update, profile)
 
     def sync():
-        if patched:  # quantized weight caches are keyed on the parameter version: the next forward re-quantizes
-            if weight_sync is not None:
-                weight_sync.sync()
-            if weight_sync is None or weight_sync.unsynced:  # as the trainer: a forward for what is left
-                with torch.no_grad():
-                    model(input_ids=torch.tensor([[sampler.pad_id]], device=dev), use_cache=False)
+        if patched:  # as the trainer: grouped re-quantization, then a 1-token forward for what is left
+            weight_sync()
 
     _timed(t, "sync_s", dev, sync, profile)
     t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))
@@ -167,7 +163,7 @@ def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
     import torch
 
     from rollout import make_sampler
-    from trainers.engines.local import _triton_kernels_ok
+    from rollout.precision import Requantizer
 
     model = base if last else copy.deepcopy(base).to(dev)  # the last recipe set up trains ``base`` itself
     precision: dict = {"recipe": recipe, "patched": False}
@@ -181,11 +177,7 @@ def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
                            fp4_weights=a.fp4_weights)
     if a.ignore_eos:
         sampler.default_stop_ids = ()
-    weight_sync = None
-    if precision["patched"] and _triton_kernels_ok(dev):
-        from minite_kernels.modules.weight_sync import ModelWeightSync
-
-        weight_sync = ModelWeightSync(model)
+    weight_sync = Requantizer(model, sampler.pad_id) if precision["patched"] else None
     return {"model": model, "sampler": sampler, "opt": torch.optim.AdamW(model.parameters(), lr=1e-6),
             "weight_sync": weight_sync, "precision": precision}
 

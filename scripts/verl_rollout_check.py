@@ -32,11 +32,10 @@ VERL_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalt
 
 def _local(model, tok, recipe: str, backend: str):
     from rollout import LocalSampler
-    from rollout.verl_backend.precision import apply_sampler_precision
-    from rollout.verl_backend.settings import MiniteRolloutSettings
+    from rollout.precision import patch_precision
 
     ref = copy.deepcopy(model).requires_grad_(False).eval()
-    apply_sampler_precision(ref, MiniteRolloutSettings(recipe=recipe, backend=backend))
+    patch_precision(ref, recipe, backend=backend)
     return LocalSampler(ref, tok)
 
 

@@ -10,7 +10,6 @@ Modules, each one concern (verl is imported only by the last three):
 - ``settings``: :class:`MiniteRolloutSettings`, the typed sampler settings carried in
   ``actor_rollout_ref.rollout.engine_kwargs.minite`` (standard library only);
 - ``params``: verl's per-request sampling-params dict -> the project's ``SamplingParams``;
-- ``precision``: the sampler model under the learner's recipe (``minite_kernels.quantize_model``);
 - ``engine``: :class:`MiniteEngine`, the sampler and its model: batches, weight updates written in place,
   sleep / wake (plain Python, no verl, no Ray);
 - ``server``: :class:`MiniteServer`, the server logic: one ``generate`` call per request, concurrent requests

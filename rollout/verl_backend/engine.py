@@ -8,14 +8,15 @@
     engine.resume(["kv_cache"])
 
 The sampler is ``rollout.select.make_sampler`` on the engine's own copy of the model, patched with the
-learner's recipe (``precision.apply_sampler_precision``): the CUDA-graph engine on CUDA, the reference loop on the
+learner's recipe (``rollout.precision.patch_precision``, as the local engine patches): the CUDA-graph engine on CUDA, the reference loop on the
 CPU, each returning the processed log-prob of every sampled token.
 
 Weight updates follow the local engine's path for its sampler copy (``trainers.engines.local``:
 ``_copy_to_sampler`` then ``_weight_sync``): each incoming tensor is copied *in place* into the parameter of the
 same name (so the graph engine's captured graphs, which read those addresses, stay valid), then the quantized
 weights are re-made: by the grouped re-quantizer (``minite_kernels.modules.weight_sync.ModelWeightSync``) where
-minite's Triton kernels run, and by a 1-token forward for whatever it does not cover. An update must name every
+minite's Triton kernels run, and by a 1-token forward for whatever it does not cover
+(``rollout.precision.Requantizer``, the local engine's too). An update must name every
 parameter of the model once (tied weights: either name); an unknown name, a shape mismatch or a missing parameter
 is an error, so the sampler never runs on a half-updated model.
 
@@ -39,8 +40,8 @@ from typing import Any
 import torch
 
 from rollout.local import Completion, SamplingParams
+from rollout.precision import Requantizer, patch_precision
 from rollout.select import make_sampler
-from rollout.verl_backend.precision import apply_sampler_precision
 from rollout.verl_backend.settings import MiniteRolloutSettings
 
 TAGS = ("weights", "kv_cache")
@@ -60,7 +61,8 @@ class MiniteEngine:
         self.settings = settings
         self.model = model.requires_grad_(False).eval()
         self.tokenizer = tokenizer
-        self.precision = apply_sampler_precision(self.model, settings)
+        self.precision = patch_precision(self.model, settings.recipe, exclude=settings.exclude,
+                                         backend=settings.backend, alignment=settings.alignment)
         self.sampler = make_sampler(self.model, tokenizer, batch_size=settings.batch_size, engine=settings.sampler,
                                     alignment=settings.alignment, norm_quant=settings.norm_quant)
         self.base_seed = int(base_seed)
@@ -74,7 +76,7 @@ class MiniteEngine:
         self.asleep = False
         self._batch = 0  # batches since the last weight update
         self._written: set[int] | None = None  # ids of the parameters written by the update in progress
-        self._grouped_sync = None
+        self._requantize = Requantizer(self.model, self.pad_id, mode=self._alignment_mode)
         self.stats = {"batches": 0, "rows": 0, "weight_updates": 0, "releases": 0}
 
     @classmethod
@@ -142,7 +144,7 @@ class MiniteEngine:
         if missing:
             raise ValueError(f"minite rollout: update_weights left {len(missing)} of {len(self._unique)} parameters "
                              f"of the sampler's model unwritten (first: {missing[0]!r}); a full update sends them all")
-        metrics = self._requantize()
+        metrics = self._requantize() if self.precision.get("patched") else {}
         self.global_steps = global_steps
         self._batch = 0
         self.stats["weight_updates"] += 1
@@ -155,32 +157,6 @@ class MiniteEngine:
         for name, tensor in weights:
             self.load(name, tensor)
         return self.finish_update(global_steps)
-
-    def _requantize(self) -> dict[str, float]:
-        """The local engine's ``_weight_sync`` after its in-place copy: grouped re-quantization where minite's
-        Triton kernels run, a 1-token forward for the rest (and everywhere else)."""
-        if not self.precision.get("patched"):
-            return {}
-        metrics: dict[str, float] = {}
-        if self._triton_ok():
-            if self._grouped_sync is None:
-                from minite_kernels.modules.weight_sync import ModelWeightSync
-
-                self._grouped_sync = ModelWeightSync(self.model, None)
-            metrics = self._grouped_sync.sync()
-            if not self._grouped_sync.unsynced:
-                metrics["perf/requantized_weights"] = 0.0
-                return metrics
-        before = _weight_cache_misses(self.model)
-        with torch.no_grad(), self._alignment_mode():
-            self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device), use_cache=False)
-        metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.model) - before)
-        return metrics
-
-    def _triton_ok(self) -> bool:
-        from minite_kernels.backends import backend_status
-
-        return self.device.type == "cuda" and backend_status("triton", self.device)[0]
 
     def _alignment_mode(self):
         from minite_kernels.strict import StrictMode, strict_active
@@ -228,11 +204,3 @@ class MiniteEngine:
         return {"rollout": "minite", "settings": self.settings.to_dict(), "precision": self.precision,
                 "sampler": self.sampler.describe(), "global_steps": self.global_steps, "asleep": self.asleep,
                 "device": str(self.device), "dtype": str(next(self.model.parameters()).dtype), **self.stats}
-
-
-def _weight_cache_misses(model) -> int:
-    n = 0
-    for m in model.modules():
-        cache = getattr(m, "_weight_cache", None)
-        n += getattr(cache, "misses", 0) if cache is not None else 0
-    return n

@@ -366,6 +366,13 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
     captures = eng.stats["captures"]
     _replayed(eng, lambda: eng.generate(prompts, p))  # graphs captured again, now reading the sync's buffers
     assert eng.stats["captures"] > captures
+    _weights_move_without_recapture(model, eng, sync, prompts, p, got,
+                                    lambda: GraphSampler(model, tok, graphs=False, check_every=1))
+
+
+def _weights_move_without_recapture(model, eng, sync, prompts, p, got, fresh) -> None:
+    """Every parameter moved and synced: the graphs replay without a new capture, draw other tokens than
+    ``got``, and equal a fresh eager engine (``fresh()``) on the new weights bit for bit."""
     captures = eng.stats["captures"]
     with torch.no_grad():
         for prm in model.parameters():
@@ -374,7 +381,7 @@ def test_gpu_nvfp4_linears_inside_the_graph_and_weight_sync_keeps_graphs():
     after = _replayed(eng, lambda: eng.generate(prompts, p))
     assert eng.stats["captures"] == captures
     assert [c.token_ids for c in after] != [c.token_ids for c in got]
-    _compare(GraphSampler(model, tok, graphs=False, check_every=1).generate(prompts, p), after, atol=0.0)
+    _compare(fresh().generate(prompts, p), after, atol=0.0)
 
 
 @gpu
@@ -596,15 +603,8 @@ def test_gpu_fp4_weight_groups_inside_the_graph_and_weight_sync():
     sync = ModelWeightSync(model)
     sync.sync()
     _replayed(eng, lambda: eng.generate(prompts, p))
-    captures = eng.stats["captures"]
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.add_(torch.randn_like(prm) * 0.05)
-    sync.sync()
-    after = _replayed(eng, lambda: eng.generate(prompts, p))
-    assert eng.stats["captures"] == captures
-    assert [c.token_ids for c in after] != [c.token_ids for c in got]
-    _compare(GraphSampler(model, tok, graphs=False, fp4_weights=True).generate(prompts, p), after, atol=0.0)
+    _weights_move_without_recapture(model, eng, sync, prompts, p, got,
+                                    lambda: GraphSampler(model, tok, graphs=False, fp4_weights=True))
 
 
 # ----------------------------------------------------------------------------------- Triton interpreter (CPU)

@@ -445,40 +445,6 @@ def test_a_failed_graph_capture_is_reported_once(tiny_model_dir, tmp_path, monke
     assert "simulated" in err
 
 
-@pytest.mark.parametrize("unsynced", [[], ["model.layers.0.mlp.down_proj"]])
-def test_weight_sync_runs_the_one_token_forward_only_for_unsynced_weights(unsynced):
-    """After the grouped weight sync, the 1-token forward (which makes modules re-quantize their own weights)
-    runs only if some quantized weight was left out of the grouped sync."""
-    import types
-
-    calls = []
-
-    class Sync:
-        def __init__(self):
-            self.unsynced = unsynced
-
-        def sync(self):
-            return {"perf/grouped_sync_weights": 3.0}
-
-    trainer = LocalTrainer.__new__(LocalTrainer)
-    trainer._param_pairs = []
-    trainer.sampler_precision = {"patched": True}
-    trainer._triton_ok = True
-    trainer._grouped_sync = Sync()
-    trainer.device = torch.device("cpu")
-    trainer.sampler = types.SimpleNamespace(pad_id=0)
-    class Model(torch.nn.Module):
-        def forward(self, **kw):
-            calls.append(kw)
-
-    trainer.sampler_model = Model()
-    metrics = trainer._weight_sync()
-    assert metrics["perf/grouped_sync_weights"] == 3.0
-    assert len(calls) == (1 if unsynced else 0)
-    if not unsynced:
-        assert metrics["perf/requantized_weights"] == 0.0
-
-
 def test_norm_quant_where_it_cannot_run_is_a_config_error(tiny_model_dir, tmp_path):
     """``rollout.norm_quant=true`` is a graph-engine option for NVFP4 samplers: on the CPU's reference loop, or on
     a BF16 model's graph engine, the run stops at set-up with the reason."""

@@ -152,38 +152,26 @@ def tables(cfg: ControlledConfig, grad: list[dict], learn: dict, params: int) ->
                          f"{100 * d.get('triage/repair_active_segment_frac', 0):.1f}% | "
                          f"{100 * d.get('tis/clip_frac', 0):.2f}% |")
     head = " | ".join(f"step {s}" for s in steps)
-    for key, title in (("cosine", "cosine to the on-policy gradient (higher is better)"),
-                       ("bias", "bias |E g - g*| / |g*| (U-statistic, noise floors taken out; lower is better)")):
-        lines += ["", f"## Gradient {title}", "", f"| mismatch | arm | {head} |", "|---|---|" + "---|" * len(steps)]
-        on = [x["on_policy"] for x in grad]
-        cell = (lambda s: fmt_ci(s[key]["mean"], s[key]["ci"])) if key == "cosine" else (
-            lambda s: fmt_ci(s[key]["value"], s[key]["ci"]))
-        lines.append(f"| (none) | on_policy | {' | '.join(cell(s) for s in on)} |")
+    def arm_table(intro: list[str], cell) -> None:
+        """A table of ``cell(stats)`` per mismatch and arm (rows) and snapshot step (columns)."""
+        lines.extend(["", *intro, "", f"| mismatch | arm | {head} |", "|---|---|" + "---|" * len(steps)])
+        lines.append(f"| (none) | on_policy | {' | '.join(cell(x['on_policy']) for x in grad)} |")
         for kind in cfg.kinds:
             hl = _headline(grad, kind)
             for a in CORRECTED:
                 if a in cfg.arms:
                     lines.append(f"| {hl[0][1]['label']} | {a} | {' | '.join(cell(c['arms'][a]) for _, c in hl)} |")
-    lines += ["", "Raw bias |mean error| / |g*| as measured, and (in brackets) the noise floor sqrt(tr Cov / n) / |g*| "
-              "that an unbiased estimator shows with these seeds:", "", f"| mismatch | arm | {head} |",
-              "|---|---|" + "---|" * len(steps)]
-    raw = (lambda s: f"{s['bias_raw']:.3f} ({s['noise_floor']:.3f})")
-    lines.append(f"| (none) | on_policy | {' | '.join(raw(x['on_policy']) for x in grad)} |")
-    for kind in cfg.kinds:
-        hl = _headline(grad, kind)
-        for a in CORRECTED:
-            if a in cfg.arms:
-                lines.append(f"| {hl[0][1]['label']} | {a} | {' | '.join(raw(c['arms'][a]) for _, c in hl)} |")
-    lines += ["", "What the bias is made of: the mean gradient's direction, cos(mean g, g*), and length, |mean g| / |g*| "
-              "(1 and 1 for an unbiased estimator, up to the noise floor):", "", f"| mismatch | arm | {head} |",
-              "|---|---|" + "---|" * len(steps)]
-    dec = (lambda s: f"{s['mean_cosine']:.3f} / {s['mean_norm_ratio']:.3f}")
-    lines.append(f"| (none) | on_policy | {' | '.join(dec(x['on_policy']) for x in grad)} |")
-    for kind in cfg.kinds:
-        hl = _headline(grad, kind)
-        for a in CORRECTED:
-            if a in cfg.arms:
-                lines.append(f"| {hl[0][1]['label']} | {a} | {' | '.join(dec(c['arms'][a]) for _, c in hl)} |")
+
+    arm_table(["## Gradient cosine to the on-policy gradient (higher is better)"],
+              lambda s: fmt_ci(s["cosine"]["mean"], s["cosine"]["ci"]))
+    arm_table(["## Gradient bias |E g - g*| / |g*| (U-statistic, noise floors taken out; lower is better)"],
+              lambda s: fmt_ci(s["bias"]["value"], s["bias"]["ci"]))
+    arm_table(["Raw bias |mean error| / |g*| as measured, and (in brackets) the noise floor sqrt(tr Cov / n) / |g*| "
+               "that an unbiased estimator shows with these seeds:"],
+              lambda s: f"{s['bias_raw']:.3f} ({s['noise_floor']:.3f})")
+    arm_table(["What the bias is made of: the mean gradient's direction, cos(mean g, g*), and length, |mean g| / |g*| "
+               "(1 and 1 for an unbiased estimator, up to the noise floor):"],
+              lambda s: f"{s['mean_cosine']:.3f} / {s['mean_norm_ratio']:.3f}")
     lines += ["", "The reference's own noise (|ĝ* - g*| / |g*|, expected): "
               + ", ".join(f"step {x['step']} {x['reference_noise']:.3f}" for x in grad) + "."]
     lines += ["", "## Paired differences in gradient quality (a - b, same seeds)", "",

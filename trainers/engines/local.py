@@ -25,6 +25,7 @@ import torch
 from rollout import SamplingParams, make_sampler
 from rollout.decoder import UnsupportedModel
 from rollout.models import load_model_and_tokenizer
+from rollout.precision import Requantizer, patch_precision, triton_kernels_ok
 from trainers import heldout
 from trainers.checkpoint import (
     CheckpointError,
@@ -75,13 +76,6 @@ def choose_cpu_threads(requested: int | None, device: torch.device) -> int:
     return torch.get_num_threads()
 
 
-def _triton_kernels_ok(device: torch.device) -> bool:
-    """minite_kernels' Triton backend runs on ``device`` (its own availability check: CUDA, sm_80+, Triton)."""
-    from minite_kernels.backends import backend_status
-
-    return device.type == "cuda" and backend_status("triton", device)[0]
-
-
 def _optim_impl(impl: str, triton_ok: bool) -> str:
     """optim.impl resolved: "auto" is minite_kernels' AdamW where its fused kernel runs (CUDA with Triton)."""
     if impl == "auto":
@@ -114,25 +108,12 @@ def apply_precision(model, cfg: Config, run_dir: pathlib.Path | None, side: str 
     """Patch the linears with ``precision.<side>`` (one model serves learner and sampler when the two are equal);
     'bf16' leaves them as is. ``run_dir``: where ``quantize_model`` records its layer report (None: nowhere)."""
     name = getattr(cfg.precision, side)
-    if name == "bf16":
-        return {"recipe": "bf16", "patched": False, "note": "plain torch linears in model.dtype"}
-    from minite_kernels import quantize_model
-
-    recipe = None if name == "auto" else name
     env_recipe = os.environ.get("MINITE_RECIPE")
-    if env_recipe and recipe and env_recipe != recipe:
+    if env_recipe and name not in ("bf16", "auto") and env_recipe != name:
         print(f"[trainers] MINITE_RECIPE={env_recipe} is ignored: the training recipe names precision "
-              f"{recipe!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
-    exclude = [e for e in cfg.precision.exclude if e != "lm_head"] or None  # names and block indices
-    backend = cfg.precision.backend
-    if cfg.precision.alignment == "strict":  # dequantized GEMMs as plain matmuls, which StrictMode computes
-        from minite_kernels.strict import linear_backend
-
-        backend = linear_backend(backend)
-    report = quantize_model(model, recipe, exclude=exclude, run_dir=run_dir, backend=backend,
-                            lm_head="lm_head" not in cfg.precision.exclude)
-    return {"recipe": report.recipe, "patched": True, "coverage": report.coverage,
-            "quantized_layers": len(report.swapped)}
+              f"{name!r} explicitly (explicit > $MINITE_RECIPE > default)", file=sys.stderr)
+    return patch_precision(model, name, exclude=cfg.precision.exclude, backend=cfg.precision.backend,
+                           alignment=cfg.precision.alignment, run_dir=run_dir)
 
 
 def _row_step(line: str) -> int:
@@ -199,19 +180,6 @@ def _param_pairs(learner, sampler) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(theirs[k], mine[k]) for k in mine]
 
 
-def _weight_cache_misses(model) -> int:
-    try:
-        from minite_kernels.modules.functional import WeightCache
-    except ImportError:
-        return 0
-    n = 0
-    for m in model.modules():
-        for v in vars(m).values():
-            if isinstance(v, WeightCache):
-                n += v.misses
-    return n
-
-
 class AlignmentError(RuntimeError):
     """A strict-alignment run saw the sampler and the learner disagree."""
 
@@ -273,13 +241,15 @@ class LocalTrainer:
         self._prompt_cache: dict[int, list[int]] = {}
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        self._triton_ok = _triton_kernels_ok(self.device)
-        self.optim_impl = _optim_impl(o.impl, self._triton_ok)
+        self.optim_impl = _optim_impl(o.impl, triton_kernels_ok(self.device))
         opt_cls = torch.optim.AdamW
         if self.optim_impl == "minite":
             from minite_kernels.optim import AdamW as opt_cls
         self.optimizer = opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        self._grouped_sync = None  # built on the first weight sync (after the optimizer has state)
+        # shared parameters: the optimizer's recorded amaxes spare the grouped re-quantizer a read of each weight
+        shared = self.sampler_model is self.model
+        self._requantize = Requantizer(self.sampler_model, self.sampler.pad_id,
+                                       optimizer=self.optimizer if shared else None)
         self._eager_reported = False  # the graph sampler's fallback to eager decoding, said once
         warm = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -459,30 +429,13 @@ class LocalTrainer:
         """The sampler's weights after an update. With one precision it shares the learner's parameters; with
         its own (``precision.sampler``) they are first copied in place into its model. Quantized weight caches
         are keyed on the parameter version counter, so the first sampler forward after that re-quantizes. On
-        CUDA with the Triton kernels, all eligible weights are re-quantized here in grouped launches
-        (ModelWeightSync, with the optimizer's amaxes when it records them, i.e. for shared parameters);
-        whatever remains is re-quantized by a 1-token forward, so the whole cost is reported as
-        `timing/sync_s`. When the grouped sync covers every quantized weight, that forward would re-quantize
-        nothing, only cost the host one pass over every linear, and is skipped."""
+        CUDA with the Triton kernels, all eligible weights are re-quantized here in grouped launches, and whatever
+        remains by a 1-token forward (``rollout.precision.Requantizer``), so the whole cost is reported as
+        `timing/sync_s`."""
         self._copy_to_sampler()
         if not self.sampler_precision.get("patched"):
             return {}
-        metrics: dict[str, float] = {}
-        if self._triton_ok:
-            if self._grouped_sync is None:
-                from minite_kernels.modules.weight_sync import ModelWeightSync
-
-                shared = self.sampler_model is self.model
-                self._grouped_sync = ModelWeightSync(self.sampler_model, self.optimizer if shared else None)
-            metrics = self._grouped_sync.sync()
-            if not self._grouped_sync.unsynced:
-                metrics["perf/requantized_weights"] = 0.0
-                return metrics
-        before = _weight_cache_misses(self.sampler_model)
-        with torch.no_grad():
-            self.sampler_model(input_ids=torch.tensor([[self.sampler.pad_id]], device=self.device), use_cache=False)
-        metrics["perf/requantized_weights"] = float(_weight_cache_misses(self.sampler_model) - before)
-        return metrics
+        return self._requantize()
 
     def _report_eager_fallback(self, step: int) -> None:
         """Say once, on stderr and in meta.json, that the CUDA-graph sampler gave up on graphs (a failed

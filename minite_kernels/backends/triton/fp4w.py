@@ -228,37 +228,25 @@ UPCASTS = ("asm", "bf16", "f32")
 #: the epilogue multiplies by 2^26 (exact: powers of two commute with the fp32 roundings)
 _TWO_100 = tl.constexpr(1.2676506002282294e30)
 _TWO_26 = tl.constexpr(67108864.0)
+# one output register per (byte pair, nibble): the magnitude moves left by ``m`` to bits 6..8 of each half, the sign
+# by ``m + 6`` to bit 15, then the BF16x2 multiply by that register's two scales
+_UPCAST_PART = """shl.b32 a, {t}, {m};
+shl.b32 b, {t}, {sign};
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x01C001C0, b, 0xEA;
+mul.rn.bf16x2 ${out}, a, ${scale};
+"""
 #: four code bytes ($4) and the block scales of their low ($5, $6) and high ($7, $8) nibbles (BF16, times
 #: 2^100) to the eight BF16 operands ``QS · 2^-26``: two bytes spread to the low bytes of a register's halves
 #: (prmt), a nibble's magnitude moved to bits 6..8 and its sign to bit 15 of each half (``q · 2^-126``, shl and
 #: lop3), times the scales (mul.bf16x2; exact, and BF16 arithmetic keeps the subnormal input of code 1)
-_UPCAST_ASM = tl.constexpr("""
-{
-.reg .b32 t0, t1, a, b;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shl.b32 a, t0, 6;
-shl.b32 b, t0, 12;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-mul.rn.bf16x2 $0, a, $5;
-shl.b32 a, t1, 6;
-shl.b32 b, t1, 12;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-mul.rn.bf16x2 $1, a, $6;
-shl.b32 a, t0, 2;
-shl.b32 b, t0, 8;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-mul.rn.bf16x2 $2, a, $7;
-shl.b32 a, t1, 2;
-shl.b32 b, t1, 8;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-mul.rn.bf16x2 $3, a, $8;
-}
-""")
+_UPCAST_ASM = tl.constexpr(
+    "{\n.reg .b32 t0, t1, a, b;\nprmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n"
+    + "".join(_UPCAST_PART.format(t=t, m=m, sign=m + 6, out=out, scale=out + 5)
+              for out, (t, m) in enumerate((("t0", 6), ("t1", 6), ("t0", 2), ("t1", 2))))
+    + "}"
+)
+
 
 
 @triton.jit
