@@ -255,14 +255,10 @@ ALIGN_PROMPTS = ("What is 12 + 7? Answer:", "Write one sentence about the sea.",
 
 
 def _load_model(path: str):
-    """(model, tokenizer) in fp32 on the CPU: the project's loader when present (it knows the embedded
-    ``smollm2-135m-instruct``), else transformers."""
-    try:
-        from rollout.models import load_model_and_tokenizer
-    except ImportError:  # minite_kernels used on its own
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) in fp32 on the CPU: the project's loader (``hf_models``: an HF dir or hub id, or the
+    embedded ``smollm2-135m-instruct``)."""
+    from minite_kernels.hf_models import load_model_and_tokenizer
 
-        return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     return load_model_and_tokenizer(path, dtype="float32", device="cpu")
 
 

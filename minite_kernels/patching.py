@@ -163,9 +163,9 @@ def _git_revision() -> str | None:
 
 
 def _versions() -> dict[str, str | None]:
-    import minite_kernels
+    from minite_kernels._version import __version__
 
-    v: dict[str, str | None] = {"minite_kernels": minite_kernels.__version__, "torch": torch.__version__}
+    v: dict[str, str | None] = {"minite_kernels": __version__, "torch": torch.__version__}
     try:
         import transformers
 

@@ -23,7 +23,7 @@ try:
     import triton
     import triton.language as tl
 
-    import minite_kernels.backends.triton._common  # noqa: F401 - the CPU interpreter's loop-bound fix
+    import minite_kernels.backends.triton  # noqa: F401 - its _common: the CPU interpreter's loop-bound fix
 except Exception:  # pragma: no cover - the reference runs without Triton
     triton = None
 

@@ -182,7 +182,7 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
     def norm(h, y, w, group):
         """(h + y, the normed x for ``group``): x itself, or its X̂ when the group takes one made here."""
         if norm_quant and group is not None and group.takes_deq(h):
-            from minite_kernels.backends.triton.norm_quant import add_rms_norm_deq
+            from minite_kernels.backends.triton import add_rms_norm_deq
 
             k = h.shape[-1]
             h2, x_hat, _ = add_rms_norm_deq(h.reshape(-1, k), None if y is None else y.reshape(-1, k), w, eps)
@@ -219,7 +219,7 @@ def _decode_fused(view: DecoderView, keys, values, tok, pos, slot, attend, fns: 
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
         dn = down[i] if down is not None else None
         if norm_quant and dn is not None and dn.takes_deq(g):
-            from minite_kernels.backends.triton.norm_quant import silu_mul_deq
+            from minite_kernels.backends.triton import silu_mul_deq
 
             k = g.shape[-1]
             y = dn.from_deq(silu_mul_deq(g.reshape(-1, k), u.reshape(-1, k))[0], g.shape)

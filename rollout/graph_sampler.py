@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from minite_kernels.strict import decode_attention as strict_decode_attention
+from minite_kernels import WeightCache, strict_decode_attention
 from rollout import attention as attn
 from rollout.decoder import decode_logits, decoder_view
 from rollout.fused import functions
@@ -227,18 +227,17 @@ class GraphSampler(Sampler):
         self._fingerprint = None
 
     def _fprop_entries(self) -> list[tuple]:
-        """``(module, entries, key, token, value)`` of every forward weight (and derived GEMM operand) cached in
-        minite modules. The learner's backward entries (dgrad / wgrad operands) are left out: the decode step
-        never reads them."""
+        """``(module, cache, key, token, value)`` of every forward weight (and derived GEMM operand) cached in
+        minite modules (``WeightCache.entries``). The learner's backward entries (dgrad / wgrad operands) are
+        left out: the decode step never reads them."""
         out = []
         for m in self.model.modules():
-            cache = getattr(m, "_weight_cache", None)
-            entries = getattr(cache, "_entries", None)
-            if not entries:
+            cache = WeightCache.of(m)
+            if cache is None or not len(cache):
                 continue
-            for key, (token, value) in sorted(entries.items(), key=lambda kv: repr(kv[0])):
+            for key, token, value in sorted(cache.entries(), key=lambda e: repr(e[0])):
                 if isinstance(key, tuple) and key and key[0] == "fprop":
-                    out.append((m, entries, key, token, value))
+                    out.append((m, cache, key, token, value))
         return out
 
     def _weights_fingerprint(self) -> tuple[tuple, list]:
@@ -249,7 +248,7 @@ class GraphSampler(Sampler):
         for _, _, key, _, value in self._fprop_entries():
             held.append(value)
             ptrs.append(repr(key))
-            ptrs.extend(t.data_ptr() for t in _attrs(value).values() if isinstance(t, torch.Tensor))
+            ptrs.extend(t.data_ptr() for t in WeightCache.fields(value).values() if isinstance(t, torch.Tensor))
         return tuple(ptrs), held
 
     def _refill_held(self) -> bool:
@@ -267,13 +266,13 @@ class GraphSampler(Sampler):
         if len(current) != len(self._held) or len(current) != len(self._held_keys):
             return False
         moves = []
-        for (m, entries, key, token, value), held, held_key in zip(current, self._held, self._held_keys):
+        for (m, cache, key, token, value), held, held_key in zip(current, self._held, self._held_keys):
             weight = getattr(m, "weight", None)
-            if key != held_key or not isinstance(weight, torch.Tensor) or token != type(m._weight_cache)._token(weight):
+            if key != held_key or not isinstance(weight, torch.Tensor) or token != cache.token(weight):
                 return False
             if value is held:
                 continue
-            new, old = _attrs(value), _attrs(held)
+            new, old = WeightCache.fields(value), WeightCache.fields(held)
             if new.keys() != old.keys():
                 return False
             for name, x in new.items():
@@ -284,14 +283,10 @@ class GraphSampler(Sampler):
                         return False
                 elif isinstance(y, torch.Tensor) or not _same(x, y):
                     return False
-            moves.append((entries, key, token, value, held))
+            moves.append((cache, key, held))
         with torch.no_grad():
-            for entries, key, token, value, held in moves:
-                old = _attrs(held)
-                for name, x in _attrs(value).items():
-                    if isinstance(x, torch.Tensor):
-                        old[name].copy_(x)
-                entries[key] = (token, held)
+            for cache, key, held in moves:
+                cache.update_in_place(key, held)
         self.stats["refills"] += 1
         return True
 
@@ -472,11 +467,6 @@ class GraphSampler(Sampler):
             self.stats["capture_s"] += time.perf_counter() - t0
         self._graphs[key] = g
         self.stats["captures"] += 1
-
-
-def _attrs(value) -> dict:
-    """The fields of a cached weight entry (a tensor, or an object holding tensors and plain fields)."""
-    return value.__dict__ if hasattr(value, "__dict__") else {"": value}
 
 
 def _same(a, b) -> bool:

@@ -127,7 +127,7 @@ class Sampler(abc.ABC):
 
     def _alignment_mode(self):
         """StrictMode under alignment 'strict', unless the caller (a strict trainer step) already runs one."""
-        from minite_kernels.strict import StrictMode, strict_active
+        from minite_kernels import StrictMode, strict_active
 
         return StrictMode() if self.alignment == "strict" and not strict_active() else contextlib.nullcontext()
 

@@ -51,8 +51,7 @@ def _plain(*mods) -> bool:
 
 def _shared_lane(mods) -> tuple | None:
     """The one fast-lane plan all ``mods`` run (same recipe, backend and quantizer objects), else None."""
-    from minite_kernels.modules.functional import module_lane
-    from minite_kernels.modules.linear import Linear
+    from minite_kernels import Linear, module_lane
 
     if not all(isinstance(m, Linear) for m in mods):
         return None
@@ -81,10 +80,10 @@ class Packed:
     def _gemm(self, x_hat: torch.Tensor) -> torch.Tensor:
         """``Y`` of the group from X̂ [rows, K]: the FP4 kernel on the packed weight, or the lane's GEMM on Ŵ."""
         if self.fp4 is not None:
-            from minite_kernels.backends.triton.fp4w import fp4w_linear
+            from minite_kernels.backends.triton import fp4w_linear
 
             return fp4w_linear(x_hat, self.fp4, self.bias)
-        from minite_kernels.modules.fast_lane import deq_linear
+        from minite_kernels import lane_deq_linear as deq_linear
 
         return deq_linear(x_hat, self.weight, self.bias)
 
@@ -97,7 +96,7 @@ class Packed:
         GEMM on X̂ (so :meth:`from_deq` may take an X̂ made elsewhere) rather than its modules."""
         if self.lane is None:
             return False
-        from minite_kernels.modules.fast_lane import deq_ok
+        from minite_kernels import lane_deq_ok as deq_ok
 
         x2d = like.reshape(-1, like.shape[-1])
         return deq_ok(self.lane, x2d, self.weight if self.weight is not None else x2d)  # FP4: the model's dtype
@@ -112,7 +111,7 @@ class Packed:
         """The group's concatenated outputs for ``x`` [..., K], or None where the modules must run."""
         if self.lane is None:
             return F.linear(x, self.weight, self.bias)
-        from minite_kernels.modules.fast_lane import call_ok
+        from minite_kernels import lane_call_ok as call_ok
 
         x2d = x.reshape(-1, x.shape[-1])
         if not call_ok(self.lane, x2d, self.weight if self.weight is not None else x2d):  # FP4: the model's dtype
@@ -153,8 +152,8 @@ class PackedLinears:
         if self.fp4_mode is False:
             return False
         # a lane exists only on the Triton backend, so Triton imports here
-        from minite_kernels.backends.triton._common import kernel_device_ok
-        from minite_kernels.backends.triton.fp4w import CHUNK, prefers_fp4
+        from minite_kernels.backends.triton import FP4W_CHUNK as CHUNK
+        from minite_kernels.backends.triton import kernel_device_ok, prefers_fp4
 
         recipe = lane[0]
         b = recipe.fprop.b
@@ -179,7 +178,7 @@ class PackedLinears:
         if fp4_only and not use_fp4:
             return None
         if use_fp4:
-            from minite_kernels.backends.triton.fp4w import FP4Weight
+            from minite_kernels.backends.triton import FP4Weight
 
             fp4 = FP4Weight.empty(n, k, dev)
             self._sources.append((fp4, mods, lane))
@@ -230,7 +229,7 @@ class PackedLinears:
         current NVFP4 bytes) into the packed buffers (same addresses every time)."""
         for dst, srcs, lane in self._sources:
             if not isinstance(dst, torch.Tensor):  # FP4Weight
-                from minite_kernels.modules.fast_lane import lane_qweight
+                from minite_kernels import lane_qweight
 
                 row = 0
                 for m in srcs:
@@ -238,7 +237,7 @@ class PackedLinears:
                     row = dst.copy_rows_(row, q.data, q.scales, q.amax)
                 continue
             if lane is not None:
-                from minite_kernels.modules.fast_lane import lane_weight
+                from minite_kernels import lane_weight
 
                 srcs = [lane_weight(lane, m._weight_cache, m.weight) for m in srcs]
             elif srcs and isinstance(srcs[0], nn.Module):

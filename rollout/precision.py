@@ -30,9 +30,9 @@ def patch_precision(model: Any, recipe: str, *, exclude=(), backend: str = "auto
     from minite_kernels import quantize_model
 
     if alignment == "strict":  # dequantized GEMMs as plain matmuls, which StrictMode computes
-        from minite_kernels.strict import linear_backend
+        from minite_kernels import strict_linear_backend
 
-        backend = linear_backend(backend)
+        backend = strict_linear_backend(backend)
     report = quantize_model(model, None if recipe == "auto" else recipe,
                             exclude=[e for e in exclude if e != "lm_head"] or None, run_dir=run_dir,
                             backend=backend, lm_head="lm_head" not in exclude)
@@ -42,7 +42,7 @@ def patch_precision(model: Any, recipe: str, *, exclude=(), backend: str = "auto
 
 def triton_kernels_ok(device: torch.device) -> bool:
     """minite_kernels' Triton backend runs on ``device`` (its own availability check: CUDA, sm_80+, Triton)."""
-    from minite_kernels.backends import backend_status
+    from minite_kernels import backend_status
 
     return device.type == "cuda" and backend_status("triton", device)[0]
 
@@ -51,7 +51,7 @@ def weight_cache_misses(model) -> int:
     """How many times the model's quantized weight caches (every ``WeightCache`` a module holds) have
     (re)quantized a weight."""
     try:
-        from minite_kernels.modules.weight_cache import WeightCache
+        from minite_kernels import WeightCache
     except ImportError:
         return 0
     return sum(v.misses for m in model.modules() for v in vars(m).values() if isinstance(v, WeightCache))
@@ -76,7 +76,7 @@ class Requantizer:
         metrics: dict[str, float] = {}
         if self.triton_ok:
             if self._grouped is None:
-                from minite_kernels.modules.weight_sync import ModelWeightSync
+                from minite_kernels import ModelWeightSync
 
                 self._grouped = ModelWeightSync(self.model, self.optimizer)
             metrics = self._grouped.sync()

@@ -1,11 +1,38 @@
-"""What every engine provides; prompts are rendered to token ids once, by :func:`render_prompt`."""
+"""What every engine provides (its parameters and results: :class:`GenerationParams`, :class:`Generation`, also
+exported by ``eval.engines``); prompts are rendered to token ids once, by :func:`render_prompt`."""
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from eval.engines import Generation, GenerationParams
+
+@dataclass(frozen=True)
+class GenerationParams:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = -1
+    max_new_tokens: int = 8192
+    seed: int = 0
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class Generation:
+    text: str
+    num_tokens: int
+    finish_reason: str  # "stop" | "length"
 
 
 def render_prompt(tokenizer, user_message: str, *, chat_template: bool = True,

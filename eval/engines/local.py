@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from eval.engines import Generation, GenerationParams
-from eval.engines.base import Engine
+from eval.engines.base import Engine, Generation, GenerationParams
 from minite_kernels.choices import did_you_mean
 
 

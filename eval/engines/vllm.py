@@ -12,8 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from eval.engines import Generation, GenerationParams
-from eval.engines.base import Engine
+from eval.engines.base import Engine, Generation, GenerationParams
 
 
 def import_vllm():

@@ -4,7 +4,7 @@ Gold answers are zero-padded strings (``"025"``) and are normalised to integers.
 """
 from __future__ import annotations
 
-from eval.task import MathTask, register
+from eval.task_base import MathTask, register
 
 
 @register

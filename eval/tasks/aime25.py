@@ -5,7 +5,7 @@ suffix is stripped and re-added so every math task uses one template. Default av
 """
 from __future__ import annotations
 
-from eval.task import MathTask, register
+from eval.task_base import MathTask, register
 
 
 @register

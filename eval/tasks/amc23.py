@@ -6,7 +6,7 @@ the other small competition sets (AIME).
 """
 from __future__ import annotations
 
-from eval.task import MathTask, register
+from eval.task_base import MathTask, register
 
 
 @register

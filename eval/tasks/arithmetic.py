@@ -14,7 +14,7 @@ once, which a run with ``data.arithmetic.exclude_heldout=true`` never trains on 
 """
 from __future__ import annotations
 
-from eval.task import Example, SampleScore, Task, first_field, register
+from eval.task_base import Example, SampleScore, Task, first_field, register
 from scoring.math import extract_gsm8k, final_answer_segment, score_gsm8k
 
 INSTRUCTION = "Give the result as a number."

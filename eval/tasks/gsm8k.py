@@ -6,7 +6,7 @@ is asked for a ``\\boxed{}`` answer like every math task; a response without one
 """
 from __future__ import annotations
 
-from eval.task import MATH_PROMPT_SUFFIX, Example, MathTask, SampleScore, first_field, register
+from eval.task_base import MATH_PROMPT_SUFFIX, Example, MathTask, SampleScore, first_field, register
 from scoring.math import extract_boxed, extract_gsm8k, final_answer_segment, score_gsm8k
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 
 from eval.ifeval_checkers import instruction_registry
-from eval.task import Example, SampleScore, Task, register
+from eval.task_base import Example, SampleScore, Task, register
 
 
 def loose_variants(response: str) -> list[str]:

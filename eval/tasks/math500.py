@@ -5,7 +5,7 @@ Default avg@4 (report).
 """
 from __future__ import annotations
 
-from eval.task import MathTask, register
+from eval.task_base import MathTask, register
 
 
 @register

@@ -38,7 +38,11 @@ class _Memo:
 class WeightCache:
     """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
     dtype, device and shape are unchanged. A plain attribute (never a buffer): nothing here enters
-    ``state_dict``."""
+    ``state_dict``.
+
+    The public API for code outside the modules (the graph sampler keeps the values its CUDA graphs read in
+    the caches): :meth:`of` (a module's cache), :meth:`token`, :meth:`entries`, :meth:`rebind`,
+    :meth:`update_in_place`, plus ``get`` / ``put`` / ``clear`` / ``len`` and the ``misses`` counter."""
 
     def __init__(self) -> None:
         self._entries: dict[Any, tuple[tuple, Any]] = {}
@@ -46,8 +50,20 @@ class WeightCache:
         self._dispatch = _Memo()
 
     @staticmethod
-    def _token(weight: torch.Tensor) -> tuple:
+    def of(module: Any) -> WeightCache | None:
+        """The cache a minite module holds (``Linear``, ``GroupedLinear``, ``GroupedExperts``), else None."""
+        return getattr(module, "_weight_cache", None)
+
+    @staticmethod
+    def token(weight: torch.Tensor) -> tuple:
+        """What an entry made from ``weight`` is valid for: its version, storage pointer, dtype, device, shape."""
         return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
+
+    @staticmethod
+    def fields(value: Any) -> dict:
+        """The fields of an entry's value: a tensor (``{"": value}``), or an object's attributes (tensors and
+        plain fields, e.g. an ``NVFP4Tensor``'s data, scales and amax)."""
+        return value.__dict__ if hasattr(value, "__dict__") else {"": value}
 
     def get(self, key: Any, weight: torch.Tensor, make: Callable[..., Any], *make_args) -> Any:
         """The entry for ``key`` if ``weight`` is unchanged, else ``make(*make_args)`` (stored)."""
@@ -64,13 +80,33 @@ class WeightCache:
             ):
                 return hit[1]
         value = make(*make_args)
-        self._entries[key] = (self._token(weight), value)
+        self._entries[key] = (self.token(weight), value)
         self.misses += 1
         return value
 
     def put(self, key: Any, weight: torch.Tensor, value: Any) -> None:
         """Store a value made elsewhere (e.g. a batched weight-sync re-quantizer) for the current weight."""
-        self._entries[key] = (self._token(weight), value)
+        self._entries[key] = (self.token(weight), value)
+
+    def entries(self) -> list[tuple[Any, tuple, Any]]:
+        """``(key, token, value)`` of every entry, in the order they were first stored."""
+        return [(key, token, value) for key, (token, value) in self._entries.items()]
+
+    def rebind(self, key: Any, value: Any) -> None:
+        """Store ``value`` under the existing entry ``key``, keeping its token: for a value that holds the same
+        numbers as the entry's (a buffer it was copied into). ``KeyError`` if there is no such entry."""
+        token, _ = self._entries[key]
+        self._entries[key] = (token, value)
+
+    def update_in_place(self, key: Any, into: Any) -> None:
+        """Copy the tensors of entry ``key``'s value into the same fields of ``into`` (a value of the same layout,
+        e.g. the buffers a CUDA graph reads), then :meth:`rebind` ``key`` to ``into``."""
+        token, value = self._entries[key]
+        dst = self.fields(into)
+        for name, x in self.fields(value).items():
+            if isinstance(x, torch.Tensor):
+                dst[name].copy_(x)
+        self._entries[key] = (token, into)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -159,7 +159,7 @@ class MiniteEngine:
         return self.finish_update(global_steps)
 
     def _alignment_mode(self):
-        from minite_kernels.strict import StrictMode, strict_active
+        from minite_kernels import StrictMode, strict_active
 
         strict = self.settings.alignment == "strict" and not strict_active()
         return StrictMode() if strict else contextlib.nullcontext()
@@ -180,8 +180,10 @@ class MiniteEngine:
             # (a longer call) does too; the next batch builds both again
             s._drop_graphs()
             s._state = None
+        from minite_kernels import WeightCache
+
         for m in self.model.modules():
-            cache = getattr(m, "_weight_cache", None)
+            cache = WeightCache.of(m)
             if cache is not None and len(cache):
                 cache.clear()
                 dropped["weight_caches"] += 1

@@ -19,8 +19,8 @@ import numpy as np
 
 from minite_kernels.fileio import atomic_path, atomic_write_json, atomic_write_text
 from trainers.controlled import stats
+from trainers.controlled.arms import CORRECTED, PAIRS, learning_runs
 from trainers.controlled.config import ARMS, ControlledConfig
-from trainers.controlled.study import CORRECTED, PAIRS, learning_runs
 from trainers.palette import LABELS, colour
 
 #: better direction of each statistic: +1 higher is better, -1 lower is better

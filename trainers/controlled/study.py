@@ -32,6 +32,7 @@ import torch
 
 from minite_kernels.fileio import atomic_path, atomic_write_json
 from trainers.controlled import stats
+from trainers.controlled.arms import CORRECTED, PAIRS, learning_runs
 from trainers.controlled.config import ControlledConfig
 from trainers.controlled.gradient import (
     DIAGNOSTICS,
@@ -44,12 +45,6 @@ from trainers.controlled.learning import train
 from trainers.controlled.mismatch import ON_POLICY, Mismatch, draw
 from trainers.controlled.policy import EnsembleMLP
 from trainers.controlled.task import ChainTask
-
-#: paired comparisons (a - b), in the order the tables show them
-PAIRS = (("triage", "tis"), ("triage", "none"), ("tis", "none"), ("none", "on_policy"), ("gate_only", "tis"),
-         ("repair_only", "tis"))
-#: the arms that use the mismatched sampler's samples
-CORRECTED = ("none", "tis", "triage", "gate_only", "repair_only")
 
 
 def _fp(obj) -> str:
@@ -221,15 +216,6 @@ def gradient_part(cfg: ControlledConfig, step: int, snap: EnsembleMLP, snap_fp: 
 
 
 # --- 3. learning curves ---------------------------------------------------------------------------------------
-def learning_runs(cfg: ControlledConfig) -> list[tuple[str, Mismatch, str]]:
-    """``(name, mismatch, arm)`` of every learning run: the on-policy runs once, then each kind x corrected arm."""
-    runs = [("on_policy", ON_POLICY, "on_policy")] if "on_policy" in cfg.arms else []
-    for kind in cfg.kinds:
-        m = Mismatch.of(kind, cfg.mismatch)
-        runs += [(f"{kind}_{a}", m, a) for a in CORRECTED if a in cfg.arms]
-    return runs
-
-
 def learning_part(cfg: ControlledConfig, work: pathlib.Path, say: Callable[[str], None]) -> dict[str, dict]:
     out = {}
     seeds = list(range(cfg.learning.seeds))

@@ -21,32 +21,69 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
 - ``batch_invariant`` strict alignment's kernels: a row's bits do not depend on the batch around it
-- ``backend``      :class:`TritonBackend` (the ``Backend`` interface) and :class:`TritonNVFP4Tensor`
+- ``backend``      :class:`TritonBackend` (the ``Backend`` interface)
+- ``tensor``       :class:`TritonNVFP4Tensor`: an ``NVFP4Tensor`` with the GEMM operands of the same launch
 
 Host plumbing: ``launcher`` (a cached launcher for the hot kernels), ``offline`` (compile for a GPU that is
 not here and read the IR), ``_common`` (availability, interpreter detection, constants).
+
+The names in ``__all__`` are this package's public seam (``rollout/`` imports Triton code only through them:
+``tests/test_layering.py``). The graph sampler's own kernels (``fp4w``, ``norm_quant``) are imported on first use
+of their names, so importing the backend does not import them.
 """
 
 from __future__ import annotations
 
-from .backend import DECODE_MAX_ROWS, TritonBackend, TritonNVFP4Tensor, decode_mode
+import importlib
+from typing import Any
+
+from ._common import kernel_device_ok
+from .backend import DECODE_MAX_ROWS, TritonBackend, decode_mode
 from .decode import decode_linear_pairs, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .logprobs import logprobs_and_entropy, logprobs_and_entropy_torch
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton
+from .tensor import TritonNVFP4Tensor
 from .weight_sync import WeightRequantizer
+
+#: name -> (module, attribute): the sampler's kernels, imported when a name is first used
+_LAZY: dict[str, tuple[str, str]] = {
+    "FP4W_CHUNK": (".fp4w", "CHUNK"),
+    "FP4Weight": (".fp4w", "FP4Weight"),
+    "fp4w_linear": (".fp4w", "fp4w_linear"),
+    "prefers_fp4": (".fp4w", "prefers_fp4"),
+    "add_rms_norm_deq": (".norm_quant", "add_rms_norm_deq"),
+    "silu_mul_deq": (".norm_quant", "silu_mul_deq"),
+}
 
 __all__ = [
     "DECODE_MAX_ROWS",
+    "FP4W_CHUNK",
+    "FP4Weight",
     "TritonBackend",
     "TritonNVFP4Tensor",
     "WeightRequantizer",
+    "add_rms_norm_deq",
     "decode_linear_pairs",
     "decode_mode",
-    "quantize_for_decode",
     "dequantize_nvfp4_triton",
+    "fp4w_linear",
+    "kernel_device_ok",
     "logprobs_and_entropy",
     "logprobs_and_entropy_torch",
+    "prefers_fp4",
+    "quantize_for_decode",
     "quantize_nvfp4_triton",
     "scaled_mm_nt",
+    "silu_mul_deq",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module_name, __name__), attr)
+    globals()[name] = value
+    return value

@@ -3,7 +3,7 @@
 - ``quantize``: the fused Triton quantizer (``quantize.py``), byte-identical to ``minite_kernels.formats``
   (data, scales, amax, nonfinite), including stochastic rounding (the same random bytes, drawn from the same
   generator as the reference) and RHT (the reference's bf16 transform, then the kernel). It returns a
-  :class:`TritonNVFP4Tensor`: a ``formats.NVFP4Tensor`` that also carries, from the same kernel launch, the
+  :class:`~minite_kernels.backends.triton.tensor.TritonNVFP4Tensor` (``tensor.py``): a ``formats.NVFP4Tensor`` that also carries, from the same kernel launch, the
   dequantized values in BF16 (bit-equal to ``dequantize(torch.bfloat16)``) and optionally the exact
   ``qs = e2m1 * s_b`` GEMM operand.
 - ``qgemm_nt``: one of two GEMM formulations, chosen by ``MINITE_TRITON_GEMM``:
@@ -42,7 +42,6 @@ misses. ``clear_cache()`` drops it.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
@@ -55,8 +54,8 @@ from ._common import kernel_device_ok, triton_import_status, warn_once
 from .decode import decode_linear_pairs, quantize_for_decode
 from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
+from .tensor import _KERNEL_DTYPES, TritonNVFP4Tensor
 
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_MODES = FIELDS["gemm"][1]
 DECODE_MODES = FIELDS["decode"][1]
 #: up to this many rows the pair kernel beats cuBLAS BF16 on the H200 (a Qwen3-4B block with its activation
@@ -77,46 +76,6 @@ def decode_mode() -> str:
     kernel (faster than cuBLAS BF16 there, and than the dequantized-weight GEMM it replaces, which reads the
     16-bit weight copy); ``off`` keeps them on that GEMM."""
     return options().decode
-
-
-@dataclass(repr=False)
-class TritonNVFP4Tensor(NVFP4Tensor):
-    """``NVFP4Tensor`` plus GEMM operands made by the same kernel launch (same bytes, same meaning):
-    ``deq`` (BF16 dequantized values) and ``qs`` (exact BF16 ``e2m1 * s_b``), either may be None."""
-
-    qs: torch.Tensor | None = None
-    deq: torch.Tensor | None = None
-    qs_transient: bool = False
-    #: the E2M1 codes as the pair decode kernel's fp16 pair words [rows, 8, cols/16] (decode-sized inputs)
-    qs_decode: torch.Tensor | None = None
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self.deq is not None and dtype == torch.bfloat16:
-            deq = self.deq
-            return deq if deq.shape == self.shape else deq.reshape(self.shape)
-        if not kernel_device_ok(self.data):
-            return super().dequantize(dtype)
-        out = dequantize_nvfp4_triton(
-            self.data,
-            self.scales,
-            self.amax,
-            per_token=self.scaling == "per_token",
-            dtype=torch.float32 if dtype not in _KERNEL_DTYPES else dtype,
-        )
-        if out.shape != self.shape:
-            out = out.reshape(self.shape)
-        return out if out.dtype == dtype else out.to(dtype)
-
-    def exact_operand(self) -> torch.Tensor:
-        """The BF16 ``qs`` operand (recomputed from the packed bytes if it was dropped)."""
-        qs = self.qs
-        if qs is None:
-            qs = dequantize_nvfp4_triton(self.data, self.scales, None, per_token=False, dtype=torch.bfloat16)
-            if not self.qs_transient:
-                self.qs = qs
-        elif self.qs_transient:
-            self.qs = None
-        return qs
 
 
 _UNIT_AMAX: dict[torch.device, torch.Tensor] = {}
@@ -444,4 +403,4 @@ def _decode_ok(qa, qb) -> bool:
 _supports_quantize = functools.lru_cache(maxsize=None)(TritonBackend._supports_quantize_uncached)
 _supports_gemm = functools.lru_cache(maxsize=None)(TritonBackend._supports_gemm_uncached)
 
-__all__ = ["DECODE_MAX_ROWS", "GEMM_MODES", "TritonBackend", "TritonNVFP4Tensor", "decode_mode", "gemm_mode"]
+__all__ = ["DECODE_MAX_ROWS", "GEMM_MODES", "TritonBackend", "decode_mode", "gemm_mode"]

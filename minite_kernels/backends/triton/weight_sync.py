@@ -49,6 +49,7 @@ import triton
 from . import quantize as _q
 from ._common import interpret_mode
 from .quantize import QuantOut, quantize_nvfp4_triton
+from .tensor import TritonNVFP4Tensor
 
 
 class WeightRequantizer:
@@ -75,8 +76,6 @@ class WeightRequantizer:
         chunk_bytes: int | None = None,
         amax_from=None,
     ) -> None:
-        from .backend import TritonNVFP4Tensor
-
         if not weights:
             raise ValueError("WeightRequantizer needs at least one weight")
         for i, w in enumerate(weights):
