@@ -6,7 +6,7 @@
   ``defaults: [base]`` to inherit another recipe; later files override earlier ones.
 * ``precision=NAME`` sets ``precision.learner`` and ``precision.sampler`` together.
 * ``a.b=c`` sets an existing key (unknown key -> error naming the closest valid key); ``+a.b=c`` adds a key
-  that does not exist yet (only meaningful inside free-form mappings such as ``algorithm.triage``);
+  that does not exist yet (only meaningful inside sections that start empty, such as ``algorithm.triage``);
   ``~a.b`` resets a key to its code default.
 * Values are parsed with OmegaConf's grammar (``null``, numbers, booleans, ``[a,b]`` lists).
 * Every field is type-checked and every choice validated before anything runs.
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from minite_kernels.choices import did_you_mean
-from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW
+from trainers import losses
+from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW, TriageConfig
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = "default"
@@ -138,7 +139,8 @@ class AlgorithmConfig:
     # host-bound: a budget of ~16k tokens with a large micro_batch_size runs few, full forwards
     micro_batch_tokens: int = 0
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    triage: dict = field(default_factory=dict)  # triage.TriageConfig fields (loss_mode=triage)
+    # TRIAGE's settings (loss_mode=triage); a recipe names only the fields it changes (+algorithm.triage.x=v)
+    triage: TriageConfig = field(default_factory=TriageConfig)
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,12 @@ def _is_dc(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+#: sections that their own class builds from the fields a recipe sets (``from_mapping``: it validates them and its
+#: error names the bad key and the valid ones); in the override tree they start empty, so that ``+key=v`` adds a
+#: field and ``key=v`` sets one
+SELF_BUILT = (TriageConfig,)
+
+
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -325,6 +333,11 @@ def _coerce(value: Any, tp: Any, key: str, root: type = Config) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key}={value!r} must be a string")
+    if tp in SELF_BUILT:
+        try:
+            return tp.from_mapping(value)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{key}: {e}") from None
     if _is_dc(tp):
         return build(tp, value, key + ".", root)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
@@ -483,22 +496,10 @@ def validate(cfg: Config) -> Config:
     if cfg.engine == "verl" and cfg.optim.impl == "minite":
         raise ConfigError("optim.impl='minite' applies to engine=local; verl's FSDP workers build their own "
                           "optimizer (valid with engine=verl: 'auto', 'torch')")
-    if cfg.algorithm.loss_mode == "triage" and cfg.algorithm.rollout_correction.rollout_is is not None:
-        raise ConfigError(
-            "algorithm.loss_mode=triage applies its own TIS cap (algorithm.triage.tis_cap); set "
-            "algorithm.rollout_correction.rollout_is=null, otherwise the gap TRIAGE recovers would be truncated")
-    if cfg.algorithm.triage and cfg.algorithm.loss_mode != "triage":
-        raise ConfigError(f"algorithm.triage is set but algorithm.loss_mode={cfg.algorithm.loss_mode!r}; "
-                          "use algorithm.loss_mode=triage or drop algorithm.triage")
-    if cfg.algorithm.triage:
-        try:
-            from triage.config import TriageConfig
-
-            TriageConfig.from_mapping(cfg.algorithm.triage)
-        except ImportError:  # pragma: no cover - triage ships with this project
-            pass
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"algorithm.triage: {e}") from e
+    try:
+        losses.check(cfg.algorithm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     group = cfg.rollout.prompts_per_step * cfg.rollout.n
     if group % cfg.algorithm.mini_batches:
         raise ConfigError(f"algorithm.mini_batches={cfg.algorithm.mini_batches} must divide "
@@ -591,14 +592,14 @@ def _parse_value(key: str, raw: str) -> Any:
 
 
 def _free_form_parent(path: list[str]) -> bool:
-    """True when path[:-1] points to a dict-typed field (e.g. algorithm.triage)."""
+    """True when path[:-1] points to a dict-typed field or a section that starts empty (e.g. algorithm.triage)."""
     cls: Any = Config
     for i, part in enumerate(path[:-1]):
         hints = _hints(cls) if _is_dc(cls) else {}
         if part not in hints:
             return False
         tp = hints[part]
-        if tp is dict or typing.get_origin(tp) is dict:
+        if tp is dict or typing.get_origin(tp) is dict or tp in SELF_BUILT:
             return True
         cls = tp
     return False
@@ -634,6 +635,8 @@ def _delete(tree: dict, path: list[str]) -> None:
 
 def _defaults_tree() -> dict:
     def conv(obj: Any) -> Any:
+        if isinstance(obj, SELF_BUILT):
+            return {}
         if dataclasses.is_dataclass(obj):
             return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         if isinstance(obj, tuple):

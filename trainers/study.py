@@ -635,8 +635,8 @@ def table(summary: dict) -> str:
     step0 = any(a.get("eval_step0") is not None for a in arms.values())
     # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
     if len(steps) + step0 > 1:
-        lines += ["", "Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds; "
-                  "step 0: the untrained model under the arm's precision):", "",
+        lines += ["", ("Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds; "
+                       "step 0: the untrained model under the arm's precision):"), "",
                   "| arm | " + " | ".join(f"step {k}" for k in [0] * step0 + steps) + " |",
                   "|" + "---|" * (len(steps) + step0 + 1)]
         for arm, a in arms.items():
@@ -698,6 +698,7 @@ def where(cfg: StudyConfig) -> str:
     files are, the eval to run next), then where the study's own table and figures are."""
     from trainers.checkpoint import latest_checkpoint
     from trainers.config import load_config
+    from trainers.losses import loss_mode
     from trainers.summary import run_summary
 
     out = []
@@ -709,9 +710,9 @@ def where(cfg: StudyConfig) -> str:
                 continue
             ckpt = latest_checkpoint(run / "checkpoints")
             curves = run / "curves.png"
-            loss = load_config(train_args(cfg, arm, seed)).algorithm.loss_mode
+            mode = loss_mode(load_config(train_args(cfg, arm, seed)).algorithm.loss_mode)
             out.append(f"[{arm}/seed{seed}] " + run_summary(
-                run, rows, str(ckpt) if ckpt else "", curves if curves.is_file() else None, triage=loss == "triage"))
+                run, rows, str(ckpt) if ckpt else "", curves if curves.is_file() else None, triage=mode.reports_gate))
     out.append(f"[study] table: {cfg.root / 'table.md'}   figures: {cfg.root / 'reward.png'}, "
                f"{cfg.root / 'panels.png'}   summary: {cfg.root / 'summary.json'}")
     return "\n".join(out)

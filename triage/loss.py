@@ -22,6 +22,18 @@ Inputs: ``[B, T]`` log-probs (bf16/fp16/fp32), ``advantages`` ``[B]`` or ``[B, T
 Computed in fp32 by the fused pass of ``triage.fused`` (analytic gradient); ``triage.reference`` is the
 term-by-term autograd definition it is tested against. Non-finite inputs: the token is masked and
 counted in ``triage/nonfinite_tokens`` (see ``triage.inputs``).
+
+The last step, shared with the verl adapter (``triage.verl``: :func:`policy_term`, :func:`repair_term`): the fused
+pass's per-token pieces become the two terms and their analytic gradients under the caller's normalisation (row
+scale ``s_i``, repair scale ``c``):
+
+    k        = s_i g w A                          (s_i < 0, so that l = -A u)
+    L_pg     = reduce(k u),          dL_pg / dlogp     = k r_active      (r_active: r where unclipped, else 0)
+    L_repair = c sum_s phi_s,        dL_repair / dlogp = c d(sum_s phi_s) / dlogp
+
+    here:         s_i = -1 / (sum_t m g * #responses),  reduce = sum,            c = repair_coef / N_seg
+    triage.verl:  s_i = -sum_t m / sum_t m g,           reduce = verl agg_loss,  c = repair_coef * dp_size /
+                                                                                     (batch tokens / 128)
 """
 
 from __future__ import annotations
@@ -30,8 +42,31 @@ import torch
 
 from triage.config import DEFAULT_CONFIG, TriageConfig
 from triage.diagnostics import to_floats
-from triage.fused import AttachGrad, fused_terms
+from triage.fused import AttachGrad, Fused, fused_terms
 from triage.inputs import raise_on_mask_violations
+
+
+def policy_term(f: Fused, row_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k, dL_pg / dlogp)`` with ``k = s_i g w A`` (``f.k_adv`` scaled in place by the ``[B]`` row scale; the
+    caller reduces ``k u``) and the gradient ``k r_active`` (a fresh tensor: backward keeps it). Under no_grad."""
+    k = f.k_adv.mul_(row_scale.unsqueeze(-1))
+    return k, f.r_active * k
+
+
+def repair_term(f: Fused, scale: torch.Tensor | float, segment_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(c sum_s phi_s, dL_repair / dlogp)`` for the repair scale ``c`` (the pass ran with repair). Under no_grad."""
+    return f.phi_sum * scale, f.repair_grad(scale, segment_len)
+
+
+def record_repair(f: Fused, metrics: dict[str, torch.Tensor], repair_loss: torch.Tensor) -> None:
+    """``triage/repair_loss`` (the caller's TRIAGE.md §4 value) and ``triage/repair_active_segment_frac``."""
+    metrics["triage/repair_loss"] = repair_loss
+    metrics["triage/repair_active_segment_frac"] = f.num_active / f.num_segments.clamp(min=1)
+
+
+def float_metrics(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The metrics as floats (one host read-back); raises if the mask held values other than 0 and 1."""
+    return raise_on_mask_violations(to_floats(metrics))
 
 
 def triage_policy_loss(
@@ -53,23 +88,20 @@ def triage_policy_loss(
     f = fused_terms(logp, old_logp, advantages, mask, config, sampler_logp=sampler_logp)
     with torch.no_grad():
         rows = (f.row_tokens > 0).sum().clamp(min=1)
-        # row scale -1 / (sum_t m g * #rows): the sign turns k_adv = g w A into the weight of u in l = -A u
-        k = f.k_adv.mul_((-1.0 / (f.gate_sum.clamp(min=1e-30) * rows)).unsqueeze(-1))
+        k, grad = policy_term(f, -1.0 / (f.gate_sum.clamp(min=1e-30) * rows))
         pg = torch.dot(k.reshape(-1), f.u.reshape(-1))  # (views of padded buffers under CUDA graphs)
-        grad = f.r_active * k  # a fresh tensor: backward keeps it
         total = pg
         metrics = f.metrics
         metrics["triage/pg_loss"] = pg
         if f.phi_sum is not None:
-            nseg = f.num_segments.clamp(min=1)
-            scale = config.repair_coef / nseg
-            rep = f.phi_sum * scale
+            rep, rep_grad = repair_term(
+                f, config.repair_coef / f.num_segments.clamp(min=1), config.repair_segment_len
+            )
             total = pg + rep
-            grad += f.repair_grad(scale, config.repair_segment_len)
-            metrics["triage/repair_loss"] = rep
-            metrics["triage/repair_active_segment_frac"] = f.num_active / nseg
+            grad += rep_grad
+            record_repair(f, metrics, rep)
         else:
             metrics["triage/repair_loss"] = pg * 0.0
             metrics["triage/repair_active_segment_frac"] = pg * 0.0
     loss = AttachGrad.apply(logp, total, grad)
-    return loss, raise_on_mask_violations(to_floats(metrics))
+    return loss, float_metrics(metrics)

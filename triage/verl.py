@@ -25,8 +25,8 @@ Sampler log-probs (route (c) of the integration notes)
 
 Computation
     The fused pass of ``triage.fused`` (analytic gradient attached with one autograd node; the §6
-    diagnostics in the metrics unless ``triage.diagnostics=false``), the same code as
-    :func:`triage.triage_policy_loss`.
+    diagnostics in the metrics unless ``triage.diagnostics=false``) and the last step of ``triage.loss``
+    (``policy_term``, ``repair_term``), as :func:`triage.triage_policy_loss`, under the normalisation below.
 
 TRIAGE hyper-parameters
     ``actor_rollout_ref.actor.policy_loss._target_=triage.verl.TriagePolicyLossConfig`` makes the policy
@@ -77,9 +77,8 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
 from triage.config import TriageConfig
-from triage.diagnostics import to_floats
-from triage.fused import AttachGrad, fused_terms
-from triage.inputs import raise_on_mask_violations
+from triage.fused import AttachGrad, Fused, fused_terms
+from triage.loss import float_metrics, policy_term, record_repair, repair_term
 from triage.tis import SAFETY_BOUND
 
 LOSS_NAME = "triage"
@@ -229,36 +228,39 @@ def compute_policy_loss_triage(
 
     with torch.no_grad():
         # response-wise factor c_i = sum_t m / sum_t m g (TRIAGE.md §3); the sign makes l = -A u
-        k = f.k_adv.mul_((-f.row_tokens / f.gate_sum.clamp(min=1e-30)).unsqueeze(-1))
-        loss_mat = k * f.u
-        grad = f.r_active * k  # fresh tensors: backward keeps them, and f's may be a graph's buffers
+        k, grad = policy_term(f, -f.row_tokens / f.gate_sum.clamp(min=1e-30))
+        loss_mat = k * f.u  # fresh: backward keeps it, and f's tensors may be a graph's buffers
     loss_mat = AttachGrad.apply(log_prob, loss_mat, grad)
     loss = agg_loss(loss_mat=loss_mat, loss_mask=f.valid, loss_agg_mode=loss_agg_mode, **gbi)
 
     metrics = f.metrics
     if f.phi_sum is not None:
-        dp_size = gbi.get("dp_size", 1) or 1
-        num_tokens = gbi.get("batch_num_tokens")
-        if num_tokens is None:
-            if dp_size > 1:
-                raise ValueError(
-                    "(global) batch_num_tokens is required in config.global_batch_info when dp_size > 1"
-                )
-            num_tokens = f.valid.sum()
         with torch.no_grad():
-            if isinstance(num_tokens, torch.Tensor):
-                seg_equiv = (
-                    num_tokens.to(device=log_prob.device, dtype=torch.float32) / cfg.repair_segment_len
-                )
-                scale = (cfg.repair_coef * dp_size) / seg_equiv.clamp(min=1e-30)
-            else:  # a host number: no host-to-device copy (a stream sync on CUDA)
-                scale = (cfg.repair_coef * dp_size) / max(float(num_tokens) / cfg.repair_segment_len, 1e-30)
-            rep_grad = f.repair_grad(scale, cfg.repair_segment_len)
-            nseg = f.num_segments.clamp(min=1)
-            metrics["triage/repair_loss"] = cfg.repair_coef * f.phi_sum / nseg
-            metrics["triage/repair_active_segment_frac"] = f.num_active / nseg
-        loss = loss + AttachGrad.apply(log_prob, f.phi_sum * scale, rep_grad)
-    return loss, raise_on_mask_violations(to_floats(metrics))
+            rep = repair_term(f, _repair_scale(f, cfg, gbi, log_prob.device), cfg.repair_segment_len)
+            # the micro-batch's TRIAGE.md §4 value, for monitoring
+            record_repair(f, metrics, cfg.repair_coef * f.phi_sum / f.num_segments.clamp(min=1))
+        loss = loss + AttachGrad.apply(log_prob, *rep)
+    return loss, float_metrics(metrics)
+
+
+def _repair_scale(
+    f: Fused, cfg: TriageConfig, gbi: dict[str, Any], device: torch.device
+) -> torch.Tensor | float:
+    """``repair_coef * dp_size / (batch_num_tokens / repair_segment_len)``: the global normaliser of the module
+    docstring (local valid tokens when verl passes no count). Under no_grad."""
+    dp_size = gbi.get("dp_size", 1) or 1
+    num_tokens = gbi.get("batch_num_tokens")
+    if num_tokens is None:
+        if dp_size > 1:
+            raise ValueError(
+                "(global) batch_num_tokens is required in config.global_batch_info when dp_size > 1"
+            )
+        num_tokens = f.valid.sum()
+    if isinstance(num_tokens, torch.Tensor):
+        seg_equiv = num_tokens.to(device=device, dtype=torch.float32) / cfg.repair_segment_len
+        return (cfg.repair_coef * dp_size) / seg_equiv.clamp(min=1e-30)
+    # a host number: no host-to-device copy (a stream sync on CUDA)
+    return (cfg.repair_coef * dp_size) / max(float(num_tokens) / cfg.repair_segment_len, 1e-30)
 
 
 def verl_overrides(

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.config import Config, ConfigError, all_keys, list_recipes, load_config, to_yaml
+from trainers.config import AlgorithmConfig, Config, ConfigError, all_keys, list_recipes, load_config, to_yaml
+from triage import TriageConfig
 
 REQUIRED = ["trainer.max_steps", "trainer.output_dir", "trainer.save_every", "trainer.resume", "trainer.seed",
             "model.path", "logger.wandb.mode", "engine"]
@@ -32,7 +33,7 @@ def test_every_training_recipe_loads(name):
 def test_recipes_mean_what_they_say():
     t = load_config(["recipe=triage_nvfp4"])
     assert (t.precision.learner, t.precision.sampler) == ("nvfp4_per_token_w1x16_bf16_bwd",) * 2
-    assert t.algorithm.loss_mode == "triage" and t.algorithm.triage["tis_cap"] == 2.0
+    assert t.algorithm.loss_mode == "triage" and t.algorithm.triage.tis_cap == 2.0
     tis = load_config(["recipe=tis_nvfp4"])
     assert tis.algorithm.loss_mode == "vanilla" and tis.algorithm.rollout_correction.rollout_is == "token"
     assert load_config(["recipe=nvfp4"]).algorithm.rollout_correction.rollout_is is None
@@ -47,7 +48,7 @@ def test_recipes_mean_what_they_say():
 def test_overrides_grammar():
     cfg = load_config(["recipe=triage_bf16", "trainer.max_steps=3", "+algorithm.triage.repair_coef=0.05",
                        "data.arithmetic.levels=[1,3]", "trainer.output_dir=null", "~optim.lr"])
-    assert cfg.trainer.max_steps == 3 and cfg.algorithm.triage == {"repair_coef": 0.05}
+    assert cfg.trainer.max_steps == 3 and cfg.algorithm.triage == TriageConfig(repair_coef=0.05)
     assert cfg.data.arithmetic.levels == (1, 3) and cfg.trainer.output_dir is None
     assert cfg.optim.lr == Config().optim.lr
     assert load_config(["precision=nvfp4_per_token"]).precision.sampler == "nvfp4_per_token"
@@ -63,8 +64,8 @@ def test_overrides_grammar():
     (["rollout.n=0"], r"rollout.n=0 must be > 0"),
     (["algorithm.micro_batch_tokens=-8"], r"algorithm.micro_batch_tokens=-8 must be >= 0"),
     (["rollout.top_p=0.9"], r"truncated sampling is refused"),
-    (["precision.learner=nvfp4_per_token", "precision.alignment=strict"], r"strict alignment makes the sampler "
-                                                                          r"compute the learner's bits"),
+    (["precision.learner=nvfp4_per_token", "precision.alignment=strict"], (r"strict alignment makes the sampler "
+                                                                           r"compute the learner's bits")),
     (["precision=nvfp4_per_tokn"], r"did you mean 'nvfp4_per_token'\?"),
     (["recipe=triage_bf16", "+algorithm.triage.repair_coeff=1"], r"did you mean 'repair_coef'\?"),
     (["algorithm.triage.gate=false"], r"algorithm.loss_mode='vanilla'"),
@@ -120,3 +121,40 @@ def test_precision_exclude_takes_block_indices_and_names():
 def test_non_finite_numbers_are_refused(override):
     with pytest.raises(ConfigError, match="must be a finite number"):
         load_config([override])
+
+
+def test_algorithm_triage_is_a_triage_config_built_once():
+    """algorithm.triage is typed: the recipe's fields over TriageConfig's defaults, built when the config is."""
+    assert AlgorithmConfig().triage == TriageConfig()
+    cfg = load_config(["recipe=triage_nvfp4", "+algorithm.triage.repair_coef=0.05", "algorithm.triage.gate=false",
+                       "~algorithm.triage.gate"])
+    assert isinstance(cfg.algorithm.triage, TriageConfig)
+    assert cfg.algorithm.triage == TriageConfig(tis_cap=2.0, repair_coef=0.05)
+    assert load_config(["recipe=triage_nvfp4", "algorithm.triage.gate=false"]).algorithm.triage.gate is False
+
+
+@pytest.mark.parametrize("override,match", [
+    ("+algorithm.triage.repair_coeff=1", (r"algorithm.triage: unknown TriageConfig field 'repair_coeff'; did you "
+                                          r"mean 'repair_coef'\?; valid fields: gate_segment_len, .*repair_coef, "
+                                          r".*cuda_graphs$")),
+    ("+algorithm.triage.gate_segment_len=0", r"algorithm.triage: TriageConfig.gate_segment_len must be a positive int"),
+    ("algorithm.triage.gate=maybe", r"algorithm.triage: TriageConfig.gate must be a bool"),
+    ("algorithm.triage=3", r"algorithm.triage: TriageConfig.from_mapping expects a mapping"),
+])
+def test_bad_algorithm_triage_is_one_line_naming_the_key(override, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(["recipe=triage_bf16", override])
+    assert "\n" not in str(e.value)
+
+
+def test_algorithm_triage_roundtrips_through_yaml(tmp_path):
+    from trainers.config import from_yaml_file
+
+    cfg = load_config(["recipe=triage_bf16", "+algorithm.triage.repair_coef=0.05"])
+    p = tmp_path / "config.yaml"
+    p.write_text(to_yaml(cfg))
+    assert from_yaml_file(p).algorithm.triage == TriageConfig(repair_coef=0.05)
+    # a vanilla run's config.yaml lists TriageConfig's defaults: still "not set" for a non-TRIAGE loss
+    vanilla = tmp_path / "vanilla.yaml"
+    vanilla.write_text(to_yaml(load_config([])))
+    assert from_yaml_file(vanilla).algorithm.triage == TriageConfig()

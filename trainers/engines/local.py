@@ -40,6 +40,7 @@ from trainers.data import PromptSchedule, load_examples, render_prompt
 from trainers.learner import actor as A
 from trainers.learner.batch import RolloutBatch, collate, micro_batches
 from trainers.learner.logprobs import response_logprobs
+from trainers.losses import loss_mode
 from trainers.rewards.registry import load_reward_fn, score_one
 from trainers.runlock import RunLock
 from trainers.stopping import GracefulStop
@@ -210,7 +211,8 @@ class LocalTrainer:
         self.examples = load_examples(cfg.data)  # data errors surface before the model loads
         heldout.check(cfg)  # and so do missing eval data or checkers
         self.reward_fn, self.reward_name = load_reward_fn(cfg.reward.fn)
-        self.loss_fn = A.policy_loss_fn(cfg.algorithm.loss_mode)
+        self.loss_mode = loss_mode(cfg.algorithm.loss_mode)
+        self.loss_fn = self.loss_mode.loss_fn()
         if self._injected is not None:
             self.model, self.tok = self._injected
             self.model.to(self.device)
@@ -258,7 +260,7 @@ class LocalTrainer:
         self.actor_cfg = A.build_actor_config(cfg.algorithm, micro_batch_size=cfg.algorithm.micro_batch_size,
                                               mini_batch_size=group // cfg.algorithm.mini_batches,
                                               n=cfg.rollout.n)
-        self.diag_cfg = A.triage_config(cfg.algorithm)
+        self.diag_cfg = self.loss_mode.diagnostics_config(cfg.algorithm)
         self.state = {"nan_skipped_total": 0, "consecutive_nan": 0, "run_id": None, "cpu_threads": self.cpu_threads}
         self.start_step = 0
         ckpt = self._resume()
@@ -616,7 +618,7 @@ class LocalTrainer:
             curves = plot([self.run_dir], self.run_dir / "curves.png")
         except Exception as e:  # noqa: BLE001 - e.g. a headless machine without a matplotlib backend
             print(f"[trainers] curves.png not written: {type(e).__name__}: {e}", file=sys.stderr)
-        print(run_summary(self.run_dir, rows, checkpoint, curves, triage=self.cfg.algorithm.loss_mode == "triage"),
+        print(run_summary(self.run_dir, rows, checkpoint, curves, triage=self.loss_mode.reports_gate),
               file=sys.stderr)
 
 

@@ -9,7 +9,8 @@ What the translation does (see ``build_verl_overrides``):
 * GRPO (``algorithm.adv_estimator=grpo``, group size ``actor_rollout_ref.rollout.n``), batch sizes, PPO
   epochs/mini/micro-batches, AdamW settings, clip ratios, entropy coefficient, temperature/top-p/top-k,
   seeds, step count, checkpoint frequency/dir, resume mode, wandb/console/file loggers.
-* Loss: ``actor_rollout_ref.actor.policy_loss.loss_mode=<algorithm.loss_mode>``; for ``triage`` the
+* Loss: ``actor_rollout_ref.actor.policy_loss.loss_mode=<algorithm.loss_mode>`` and the loss mode's own
+  overrides and plugin module (``trainers.losses``); for ``triage`` the
   policy-loss config becomes ``triage.verl.TriagePolicyLossConfig`` carrying ``algorithm.triage`` and the
   sampler log-probs travel by helper C's route (c): ``rollout.calculate_log_probs=true``,
   ``algorithm.rollout_correction.rollout_is=token`` with an untruncated threshold (1e9), no batch
@@ -72,6 +73,7 @@ from typing import Any
 
 from minite_kernels.fileio import atomic_write_text
 from trainers.config import Config, ConfigError, to_yaml
+from trainers.losses import loss_mode
 
 PATCH_MODULE = "trainers.engines.verl_patch"
 MINITE_REGISTER = "rollout.verl_backend.register"  # the verl.plugins entry point of the minite rollout
@@ -312,8 +314,8 @@ def build_verl_overrides(cfg: Config) -> list[str]:
         raise ConfigError(f"verl.tensor_model_parallel_size={cfg.verl.tensor_model_parallel_size}: the minite "
                           "rollout runs one GPU per replica (valid: 1; more GPUs give more replicas), or use "
                           "verl.rollout=vllm")
-    libs = ([PATCH_MODULE] + (["triage.verl"] if a.loss_mode == "triage" else [])
-            + ([MINITE_REGISTER] if minite else []))
+    mode = loss_mode(a.loss_mode)
+    libs = [PATCH_MODULE] + ([mode.plugin] if mode.plugin else []) + ([MINITE_REGISTER] if minite else [])
     put("actor_rollout_ref.model.external_lib", libs)
     for role in ("actor", "ref"):
         put(f"actor_rollout_ref.{role}.strategy", "fsdp2")
@@ -355,13 +357,10 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("algorithm.adv_estimator", "grpo")
     put("algorithm.norm_adv_by_std_in_grpo", a.norm_adv_by_std_in_grpo)
     put("algorithm.use_kl_in_reward", False)
-    if a.loss_mode == "triage":
-        from triage.verl import verl_overrides as triage_overrides
-
-        for item in triage_overrides(a.triage or None, loss_agg_mode=a.loss_agg_mode):
-            key, value = item.split("=", 1)
-            put(key.lstrip("+"), value, add=key.startswith("+"), raw=True)
-    elif a.rollout_correction.rollout_is is not None:
+    for item in mode.verl_overrides(a):
+        key, value = item.split("=", 1)
+        put(key.lstrip("+"), value, add=key.startswith("+"), raw=True)
+    if not mode.sampler_logp and a.rollout_correction.rollout_is is not None:  # verl's own TIS
         put("algorithm.rollout_correction.rollout_is", a.rollout_correction.rollout_is)
         put("algorithm.rollout_correction.rollout_is_threshold", a.rollout_correction.rollout_is_threshold)
     # rollout

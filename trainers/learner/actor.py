@@ -3,10 +3,11 @@
 * GRPO advantages: ``verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage`` on outcome rewards placed
   on the last response token, ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``.
 * Rollout correction (TIS, report §3.1 [10]): ``verl.trainer.ppo.rollout_corr_helper.
-  compute_rollout_correction_weights(old - sampler, mask, rollout_is, threshold)``. ``loss_mode=triage``
-  takes the sampler's log-probs themselves (``sampler_log_prob``: the gap without verl's exp/log route) and
-  applies its own TIS cap; its §6 diagnostics are computed once per step on the whole batch
-  (``triage.mismatch_metrics``, by the engine), so the loss skips them in every micro-batch.
+  compute_rollout_correction_weights(old - sampler, mask, rollout_is, threshold)``. A loss mode that corrects
+  for the gap itself (``trainers.losses``: ``loss_mode=triage``) takes the sampler's log-probs themselves
+  (``sampler_log_prob``: the gap without verl's exp/log route) and applies its own TIS cap; the §6 diagnostics
+  are computed once per step on the whole batch (``triage.mismatch_metrics``, by the engine), so the loss skips
+  them in every micro-batch.
 * Policy loss: ``get_policy_loss_fn(loss_mode)(old_log_prob=..., log_prob=..., advantages=...,
   response_mask=..., loss_agg_mode=..., config=ActorConfig, rollout_is_weights=...)`` with
   ``config.global_batch_info`` holding the *mini-batch* token / sequence counts, exactly as
@@ -15,7 +16,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -23,19 +23,14 @@ import numpy as np
 import torch
 
 from trainers.config import AlgorithmConfig
+from trainers.losses import loss_mode as get_loss_mode
 
 
 def build_actor_config(alg: AlgorithmConfig, *, micro_batch_size: int, mini_batch_size: int, n: int):
-    """A real verl ``ActorConfig`` carrying the policy-loss settings (TRIAGE ones for loss_mode=triage)."""
-    from verl.workers.config import ActorConfig, PolicyLossConfig
+    """A real verl ``ActorConfig`` carrying the policy-loss settings (the loss mode's: ``trainers.losses``)."""
+    from verl.workers.config import ActorConfig
 
-    if alg.loss_mode == "triage":
-        from triage.verl import TriagePolicyLossConfig
-
-        # diagnostics off: the engine computes them once per step over the whole batch (the same values)
-        policy_loss = TriagePolicyLossConfig(loss_mode="triage", triage={**dict(alg.triage), "diagnostics": False})
-    else:
-        policy_loss = PolicyLossConfig(loss_mode=alg.loss_mode)
+    policy_loss = get_loss_mode(alg.loss_mode).policy_loss_config(alg)
     return ActorConfig(strategy="fsdp", ppo_mini_batch_size=mini_batch_size,
                        ppo_micro_batch_size_per_gpu=micro_batch_size, rollout_n=n, clip_ratio=alg.clip_ratio,
                        clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
@@ -44,18 +39,8 @@ def build_actor_config(alg: AlgorithmConfig, *, micro_batch_size: int, mini_batc
 
 
 def policy_loss_fn(loss_mode: str):
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
-
-    if loss_mode == "triage":
-        import triage.verl  # noqa: F401  (registers the loss even where verl's plugin entry point is not installed)
-    try:
-        return get_policy_loss_fn(loss_mode)
-    except ValueError as e:
-        from minite_kernels.choices import did_you_mean
-
-        hint = did_you_mean(loss_mode, POLICY_LOSS_REGISTRY)
-        raise ValueError(f"algorithm.loss_mode={loss_mode!r} is not a registered verl policy loss{hint}; "
-                         f"valid choices: {', '.join(sorted(POLICY_LOSS_REGISTRY))}") from e
+    """verl's policy-loss function of ``loss_mode``; an unknown name is an error naming the valid choices."""
+    return get_loss_mode(loss_mode).loss_fn()
 
 
 def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, group_ids: list[int],
@@ -73,7 +58,7 @@ def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, group_ids
 
 def rollout_is_weights(alg: AlgorithmConfig, old_logp: torch.Tensor, sampler_logp: torch.Tensor,
                        mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-    if alg.loss_mode == "triage":  # TRIAGE takes the sampler log-probs themselves (micro_batch_loss)
+    if get_loss_mode(alg.loss_mode).sampler_logp:  # the loss takes the sampler log-probs (micro_batch_loss)
         return None, {}
     rc = alg.rollout_correction
     if rc.rollout_is is None:
@@ -100,16 +85,12 @@ def micro_batch_loss(actor_cfg, loss_fn, *, logp: torch.Tensor, entropy: torch.T
                      old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                      weights: torch.Tensor | None, sampler_logp: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's ``ppo_loss`` body for one micro-batch (policy loss + entropy bonus). The TRIAGE loss gets
-    ``sampler_logp`` itself; the others get the rollout-correction ``weights``."""
+    """verl's ``ppo_loss`` body for one micro-batch (policy loss + entropy bonus). A loss that corrects for the
+    gap itself (TRIAGE) gets ``sampler_logp``; the others get the rollout-correction ``weights``."""
     from verl.trainer.ppo.core_algos import agg_loss
 
     bmask = mask.bool()
-    route = {"rollout_is_weights": weights}
-    if actor_cfg.policy_loss.loss_mode == "triage":
-        if sampler_logp is None:
-            raise ValueError("the triage loss needs the sampler's log-probs (sampler_logp)")
-        route = {"sampler_log_prob": sampler_logp}
+    route = get_loss_mode(actor_cfg.policy_loss.loss_mode).loss_inputs(weights=weights, sampler_logp=sampler_logp)
     loss, metrics = loss_fn(old_log_prob=old_logp, log_prob=logp, advantages=advantages, response_mask=bmask,
                             loss_agg_mode=actor_cfg.loss_agg_mode, config=actor_cfg, **route)
     out = {k: float(v) for k, v in metrics.items() if _is_number(v)}
@@ -124,13 +105,3 @@ def micro_batch_loss(actor_cfg, loss_fn, *, logp: torch.Tensor, entropy: torch.T
 
 def is_finite(x: float | torch.Tensor) -> bool:
     return math.isfinite(float(x))
-
-
-def triage_config(alg: AlgorithmConfig):
-    from triage import TriageConfig
-
-    base = TriageConfig.from_mapping(dict(alg.triage)) if alg.triage else TriageConfig()
-    if alg.loss_mode != "triage" and alg.rollout_correction.rollout_is is not None:
-        thr = alg.rollout_correction.rollout_is_threshold
-        base = dataclasses.replace(base, tis_cap=float(thr))
-    return base
