@@ -148,20 +148,21 @@ class PackedLinears:
             self.down = [self._group([layer.mlp.down_proj], lane_only=True, fp4_only=not down)
                          if hasattr(layer.mlp, "down_proj") else None for layer in view.layers]
 
-    def _use_fp4(self, lane: tuple, n: int, k: int, device: torch.device) -> bool:
+    def _use_fp4(self, lane: tuple, rows: list[int], k: int, device: torch.device) -> bool:
         if self.fp4_mode is False:
             return False
         # a lane exists only on the Triton backend, so Triton imports here
-        from minite_kernels.backends.triton import FP4W_CHUNK as CHUNK
-        from minite_kernels.backends.triton import kernel_device_ok, prefers_fp4
+        from minite_kernels.backends.triton import FP4W_GROUP_ROWS, FP4W_K_TILE, kernel_device_ok, prefers_fp4
 
         recipe = lane[0]
         b = recipe.fprop.b
-        if b.format != "nvfp4" or b.rht or b.stochastic_rounding or k % CHUNK:
+        if b.format != "nvfp4" or b.rht or b.stochastic_rounding or k % FP4W_K_TILE:
+            return False
+        if any(r % FP4W_GROUP_ROWS for r in rows):  # the layout packs whole 16-row groups of each linear
             return False
         if not kernel_device_ok(torch.empty(0, device=device)):
             return False
-        return self.fp4_mode is True or prefers_fp4(n, k)
+        return self.fp4_mode is True or prefers_fp4(sum(rows), k)
 
     def _group(self, mods: list, *, lane_only: bool = False, fp4_only: bool = False) -> Packed | None:
         """A group of ``mods`` (None where they cannot be one); ``lane_only``: only on the NVFP4 fast lane;
@@ -174,7 +175,7 @@ class PackedLinears:
         ws = [m.weight for m in mods]
         n, k, dev = sum(x.shape[0] for x in ws), ws[0].shape[1], ws[0].device
         fp4 = None
-        use_fp4 = lane is not None and self._use_fp4(lane, n, k, dev)
+        use_fp4 = lane is not None and self._use_fp4(lane, [x.shape[0] for x in ws], k, dev)
         if fp4_only and not use_fp4:
             return None
         if use_fp4:

@@ -15,8 +15,9 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
                    GEMMs of <= ``DECODE_MAX_ROWS`` activation rows to it: the sampler's decode steps): the
                    launchers; ``decode_kernels`` holds the kernels and their math (the first formulation,
                    the benchmarks' baseline, is ``scripts/decode_planes.py``)
-- ``fp4w``         FP4-weight GEMM for the sampler's decode step at tens of rows: packed E2M1 codes and E4M3
-                   scales upcast in registers (``tl.dot_scaled``), per-tensor factors in the epilogue
+- ``fp4w``         FP4-weight GEMM for the sampler's decode step at tens of rows: E2M1 codes stored as each
+                   lane's MMA fragment and scales as E5M3, decoded in registers into ``wgmma``'s register
+                   operand, per-tensor factors in the epilogue
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
@@ -48,7 +49,8 @@ from .weight_sync import WeightRequantizer
 
 #: name -> (module, attribute): the sampler's kernels, imported when a name is first used
 _LAZY: dict[str, tuple[str, str]] = {
-    "FP4W_CHUNK": (".fp4w", "CHUNK"),
+    "FP4W_GROUP_ROWS": (".fp4w", "GROUP_ROWS"),
+    "FP4W_K_TILE": (".fp4w", "K_TILE"),
     "FP4Weight": (".fp4w", "FP4Weight"),
     "fp4w_linear": (".fp4w", "fp4w_linear"),
     "prefers_fp4": (".fp4w", "prefers_fp4"),
@@ -58,7 +60,8 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "DECODE_MAX_ROWS",
-    "FP4W_CHUNK",
+    "FP4W_GROUP_ROWS",
+    "FP4W_K_TILE",
     "FP4Weight",
     "TritonBackend",
     "TritonNVFP4Tensor",

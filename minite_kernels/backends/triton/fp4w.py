@@ -15,27 +15,45 @@ For weight row n and K block j of 16 values, with ``q`` the E2M1 value of a code
 ``X̂`` is the learner's per-token activation, quantized exactly as the dequantized-weight path quantizes it
 (``deq(Q_token(x))`` in BF16). Every product ``X̂ · QS`` is exact in fp32 (8 significant bits times 5), so the
 weight side is TE's exact semantics (``QS``, with the per-tensor factor in the epilogue), and the result
-differs from the learner's
-dequantized-weight GEMM ``X̂ Ŵᵀ`` (Ŵ = bf16(q · fp32(s · a · fl(1/2688)))) by Ŵ's per-element BF16 rounding and
-the output roundings: ``|ΔY| <= 2^-8 Σ_k |X̂ Ŵ| + 2^-7 |Y|`` (a relative L2 difference of about 3e-3 on random
-data). The tests check that bound, and bit-equality with the pure-PyTorch reference
-:func:`fp4w_linear_reference` wherever one term is summed.
+differs from the learner's dequantized-weight GEMM ``X̂ Ŵᵀ`` (Ŵ = bf16(q · fp32(s · a · fl(1/2688)))) by Ŵ's
+per-element BF16 rounding and the output roundings: ``|ΔY| <= 2^-8 Σ_k |X̂ Ŵ| + 2^-7 |Y|`` (a relative L2
+difference of about 3e-3 on random data). The tests check that bound, and bit-equality with the pure-PyTorch
+reference :func:`fp4w_linear_reference` wherever one term is summed.
 
-The program is swap-AB: weight rows are the MMA's M dimension (64-128 per program), activation rows its N
-dimension, and split-K fills the SMs for short N. The codes and scales reach shared memory by asynchronous copies
-that Triton pipelines over the K loop; each thread then reads its codes in the MMA's register layout, upcasts them
-(a nibble's bits placed into a 16-bit float, times the block scale: :data:`UPCASTS`) and feeds the register
-operand of the Hopper MMA (``wgmma`` with A from registers), so the weight crosses HBM packed and never exists
-in BF16 in memory. For the upcast to land in that layout without shuffles, the codes are stored chunked
-(:func:`chunk_codes`): within each 64 values of a row, byte j holds value j in its low nibble and value 32 + j in
-its high nibble, so the low nibbles of a step form one MMA operand and the high nibbles another, each against
-its own rows of X̂ᵀ. ``tl.dot_scaled`` would do the upcast itself, but Triton 3.6 lowers it on Hopper only for
-E8M0 (MX) scales. Split-K partials are summed by the last program to arrive, in split order, so results do
-not depend on scheduling. The same program runs under Triton's CPU interpreter (with fp32 dots on the exact
-values), where the tests check it against the reference bit for bit.
+**The program.** Swap-AB: weight rows are the MMA's M dimension (64-256 per program), activation rows its N
+dimension, and split-K fills the SMs for short N. Codes, scales and X̂ reach shared memory by asynchronous copies
+that Triton pipelines over the K loop; each thread then reads its own 16-byte runs of codes, decodes them with a
+few integer instructions (inline PTX) straight into the register fragments of the Hopper MMA (``wgmma`` with the
+weight as its register operand), so the weight crosses HBM packed and never exists in BF16 in memory.
+
+**The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
+cheap. Rows go in groups of 16 and K in tiles of 64. For each (group, tile), lane ``l = 4i + t`` of a warp owns
+16 consecutive bytes, four 32-bit words, and word ``s`` holds the eight values of that lane's MMA fragment at K
+step s: rows ``i`` and ``i + 8`` (h = 0, 1) times columns ``16s + 2t + p`` and ``16s + 8 + 2t + p`` (e = 0, 1;
+p = 0, 1). Fragment register ``r = h + 2e`` (two BF16 values, p = 0 in the low half) is decoded as::
+
+    r = 0, 1, 2:  bits = (word << 3r) & 0x81C081C0         sign to bit 15, magnitude to bits 6..8, per half
+    r = 3:        bits = ((word << 1) & 0x80008000) | ((word >> 5) & 0x01000100) | ((word >> 4) & 0x00C000C0)
+
+which reads as the BF16 ``q · 2^-126`` (the E2M1 exponent and mantissa bits land in the low exponent bits and the
+top mantissa bit; code 1 becomes the subnormal 2^-127), then one ``mul.bf16x2`` by ``s · 2^100`` gives
+``QS · 2^-26`` exactly (a normal number of at most 5 significant bits; BF16 arithmetic keeps the subnormal
+input), and the epilogue multiplies by 2^26. The scales are stored re-encoded as unsigned E5M3 (every E4M3 value,
+subnormals included, is a normal E5M3 number: ``byte = ((x + 10) << 3) | m`` for ``2^x (1 + m/8)``, 0 for 0), so
+the BF16 bits of ``s · 2^100`` are one integer multiply-add: ``byte · 16 + 0x6C80``. Blocks whose scale is 0 get
+zero codes (their values are 0 either way), so the factor that byte 0 decodes to never matters. Per eight values:
+11 integer instructions, 4 multiplies, 4 for the two scales.
+
+Split-K partials are summed by the last program to arrive, in split order, so results do not depend on
+scheduling. The same program runs under Triton's CPU interpreter, which has no inline PTX: there the decode is
+written with Triton integer ops on the same words (:func:`_decode_emulated`) and the MMA is an fp32 dot, and the
+tests check it against the reference bit for bit; the PTX itself is checked on the CPU by executing it
+instruction by instruction (``tests/minite_kernels/test_fp4w.py``) and on the GPU against the reference.
 
 Worked example: one row X̂ = [1, 0, ..., 0] (K = 64) against a weight row of codes [7, 0, ...] (q = 6), scale
-byte 0x38 (s = 1) and amax 2688: QS[n, 0] = 6, g = fp32(2688 * fl(1/2688)) = 1, Y = 6.
+1.0 and amax 2688: QS[n, 0] = 6, g = fp32(2688 * fl(1/2688)) = 1, Y = 6. Packed, value (0, 0) is fragment
+register 0's low half of lane 0's word 0: sign 0, magnitude 7 at bits 6..8, so codes byte 0 is 0xC0 and byte 1
+is 0x01; the scale (E4M3 0x38, x = 0) is stored as 0x50.
 """
 
 from __future__ import annotations
@@ -53,80 +71,134 @@ from minite_kernels.backends.triton.quantize import _num_sms
 
 #: the most activation rows one program holds; more rows take several M tiles
 MAX_BLOCK_M = 128
+#: rows per group and values per K tile of the packed layout: N must be a multiple of GROUP_ROWS and K of K_TILE
+GROUP_ROWS = 16
+K_TILE = 64
 
 
-#: values per chunk of the codes' layout (:func:`chunk_codes`); K and every BLOCK_K are multiples of it
-CHUNK = 64
+def _e2m1_bits(r: int, p: int, code: torch.Tensor) -> torch.Tensor:
+    """The bits of E2M1 ``code`` (int32, 0..15) in a packed word, as fragment register ``r``'s half ``p``."""
+    sign, mag, o = (code >> 3) & 1, code & 7, 16 * p
+    if r < 3:
+        return (sign << (15 - 3 * r + o)) | (mag << (6 - 3 * r + o))
+    return (sign << (14 + o)) | ((mag >> 2) << (13 + o)) | ((mag & 3) << (10 + o))
 
 
-def chunk_codes(data: torch.Tensor) -> torch.Tensor:
-    """NVFP4 bytes u8 [N, K/2] (value 2i in the low nibble of byte i) in the kernel's chunked layout: within each
-    64 values, byte j holds value j (low nibble) and value 32 + j (high nibble). Pure bit operations on the
-    bytes, on their device. Example: the first chunk's bytes 0 and 16, [v1 v0] and [v33 v32], become bytes 0
-    and 1: [v32 v0] and [v33 v1]."""
+def _e2m1_code(r: int, p: int, word: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_e2m1_bits`."""
+    o = 16 * p
+    if r < 3:
+        sign, mag = (word >> (15 - 3 * r + o)) & 1, (word >> (6 - 3 * r + o)) & 7
+    else:
+        sign = (word >> (14 + o)) & 1
+        mag = (((word >> (13 + o)) & 1) << 2) | ((word >> (10 + o)) & 3)
+    return (sign << 3) | mag
+
+
+def _check_shape(n: int, k: int) -> None:
+    if n % GROUP_ROWS or k % K_TILE:
+        raise ValueError(
+            f"the FP4-weight layout needs N % {GROUP_ROWS} == 0 and K % {K_TILE} == 0; got N={n}, K={k}"
+        )
+
+
+def pack_codes(data: torch.Tensor) -> torch.Tensor:
+    """NVFP4 bytes u8 [N, K/2] (value 2i in the low nibble of byte i) in the kernel's layout, u8 [N/16, 8K] (module
+    docstring): per 16-row group and 64-value tile, 32 lanes of four little-endian words. Pure integer ops on the
+    bytes' device."""
     n, kh = data.shape
-    a, b = data.view(n, kh // 32, 32).split(16, dim=-1)  # values 0..31 and 32..63 of each chunk
-    even = (a & 15) | ((b & 15) << 4)  # new byte 2i: value 2i and 32 + 2i
-    odd = (a >> 4) | (b & 0xF0)  # new byte 2i + 1: value 2i + 1 and 33 + 2i
-    return torch.stack((even, odd), dim=-1).view(n, kh)
+    k = 2 * kh
+    _check_shape(n, k)
+    d = data.to(torch.int32)
+    q = torch.stack((d & 15, d >> 4), dim=-1).view(n // 16, 2, 8, k // 64, 4, 2, 4, 2)  # R h i T s e t p
+    q = q.permute(0, 3, 2, 6, 4, 1, 5, 7)  # R T i t s | h e p
+    word = torch.zeros(q.shape[:5], dtype=torch.int32, device=data.device)
+    for h in range(2):
+        for e in range(2):
+            for p in range(2):
+                word |= _e2m1_bits(h + 2 * e, p, q[..., h, e, p])
+    out = torch.stack([(word >> (8 * b)) & 255 for b in range(4)], dim=-1).to(torch.uint8)
+    return out.reshape(n // 16, 8 * k)
 
 
-def chunk_scales(scales: torch.Tensor) -> torch.Tensor:
-    """Block scales [N, K/16] in the kernel's order: per row, the scales of every chunk's first 32 values (its
-    blocks 0 and 1), then those of every chunk's last 32 (blocks 2 and 3), so that a K step's low-nibble scales
-    and its high-nibble scales are each contiguous."""
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_codes`: u8 [N/16, 8K] to NVFP4 bytes u8 [N, K/2]."""
+    groups, k8 = packed.shape
+    k = k8 // 8
+    b = packed.to(torch.int32).view(groups, k // 64, 8, 4, 4, 4)  # R T i t s byte
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    q = torch.stack(
+        [_e2m1_code(h + 2 * e, p, word) for h in range(2) for e in range(2) for p in range(2)], -1
+    )
+    q = q.view(*word.shape, 2, 2, 2)  # R T i t s h e p
+    q = q.permute(0, 5, 2, 1, 4, 6, 3, 7).reshape(groups * 16, k)  # R h i T s e t p
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+
+
+def _e5m3_tables() -> tuple[list[int], list[int]]:
+    """E4M3 byte (0..126, non-negative finite) to the unsigned E5M3 byte of the same value, and back."""
+    fwd, inv = [0] * 127, [0] * 256
+    for b in range(1, 127):
+        e, m = b >> 3, b & 7
+        if e == 0:  # subnormal m · 2^-9: normalise
+            x = -9 + m.bit_length() - 1
+            m = (m << (4 - m.bit_length())) & 7
+        else:
+            x = e - 7
+        fwd[b] = ((x + 10) << 3) | m
+        inv[fwd[b]] = b
+    return fwd, inv
+
+
+_E5M3_FWD, _E5M3_INV = _e5m3_tables()
+
+
+def pack_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E4M3 block scales [N, K/16] (non-negative, finite: what the quantizer writes) in the kernel's layout and
+    encoding, u8 [N/16, K]: per 16-row group and 64-value tile, for each i in 0..7 the scales of blocks s = 0..3 of
+    rows i and i + 8 (order s, h), as unsigned E5M3 bytes (module docstring)."""
     n, kb = scales.shape
-    return scales.view(n, kb // 4, 2, 2).transpose(1, 2).reshape(n, kb)
+    _check_shape(n, kb * 16)
+    lut = torch.tensor(_E5M3_FWD + [0] * 129, dtype=torch.uint8, device=scales.device)
+    e5 = lut[scales.view(torch.uint8).long()]
+    return e5.view(n // 16, 2, 8, kb // 4, 4).permute(0, 3, 2, 4, 1).reshape(n // 16, kb * 16)
 
 
-def unchunk_scales(scales: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`chunk_scales`."""
-    n, kb = scales.shape
-    return scales.view(n, 2, kb // 4, 2).transpose(1, 2).reshape(n, kb)
-
-
-def unchunk_codes(codes: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`chunk_codes`."""
-    n, kh = codes.shape
-    c = codes.view(n, kh // 32, 16, 2)
-    even, odd = c[..., 0], c[..., 1]
-    a = (even & 15) | ((odd & 15) << 4)
-    b = (even >> 4) | (odd & 0xF0)
-    return torch.cat((a, b), dim=-1).view(n, kh)
+def unpack_scales(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_scales`: E4M3 block scales [N, K/16]."""
+    groups, k = packed.shape
+    lut = torch.tensor(_E5M3_INV, dtype=torch.uint8, device=packed.device)
+    e4 = lut[packed.long()].view(groups, k // 64, 8, 4, 2).permute(0, 4, 2, 1, 3)
+    return e4.reshape(groups * 16, k // 16).view(torch.float8_e4m3fn)
 
 
 @dataclass(frozen=True)
 class FP4WConfig:
-    """One launch configuration: weight rows per program (``block_n``), K per step (``block_k``, a multiple of
-    :data:`CHUNK`), split-K (``split``; None: enough to fill the SMs), warps, pipeline stages, and the upcast's
-    arithmetic (``upcast``, one of :data:`UPCASTS`; the same values)."""
+    """One launch configuration: weight rows per program (``block_n``, a multiple of 64), K per step
+    (``block_k``, a multiple of :data:`K_TILE`), split-K (``split``; None: enough to fill the SMs), warps and
+    pipeline stages."""
 
     block_n: int = 128
     block_k: int = 128
     split: int | None = None
     num_warps: int = 4
     num_stages: int = 4
-    upcast: str = "f32"
 
 
 #: measured configurations, ``(N, K) -> {M bucket: config, or None where cuBLAS on the BF16 Ŵ was faster}``.
 #: ``scripts/bench_fp4w.py --write-table`` rewrites this block from a sweep on the GPU; shapes missing here follow
-#: what the sweeps found for every shape so far (:func:`table_config`).
+#: :func:`table_config`'s rule for unmeasured shapes.
 # fmt: off
 # BEGIN TABLE
 TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
-    (1024, 2048): {16: None, 64: None, 128: None},
-    (1024, 3072): {16: FP4WConfig(block_n=64, block_k=128, split=8, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
-    (2560, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=8, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
-    (2560, 9728): {16: None, 64: None, 128: None},
-    (4096, 1024): {16: None, 64: None, 128: None},
-    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=4, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
-    (4096, 12288): {16: FP4WConfig(block_n=128, block_k=128, split=8, num_warps=4, num_stages=3, upcast='f32'), 64: None, 128: None},
-    (6144, 1024): {16: None, 64: None, 128: None},
-    (6144, 2560): {16: None, 64: None, 128: None},
-    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=4, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
-    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=256, split=2, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
-    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=256, split=1, num_warps=4, num_stages=4, upcast='f32'), 64: None, 128: None},
+    (2560, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: None},
+    (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4)},
+    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4)},
+    (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4)},
+    (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: None},
+    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4)},
+    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=1, num_warps=8, num_stages=4)},
+    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=2, num_warps=8, num_stages=4)},
 }
 # END TABLE
 # fmt: on
@@ -165,10 +237,10 @@ def prefers_fp4(n: int, k: int, rows: tuple[int, ...] = (64,)) -> bool:
 
 @dataclass
 class FP4Weight:
-    """An NVFP4 weight [N, K] as the kernel reads it: ``codes`` u8 [N, K/2] in the chunked layout of
-    :func:`chunk_codes`, ``scales`` float8_e4m3fn [N, K/16] in the order of :func:`chunk_scales`, ``gain`` fp32 [N] (``g[n] = fp32(amax · fl(1/2688))``
-    of the tensor row n belongs to). Allocated once; :meth:`copy_rows_` writes in place, so graphs that read it
-    stay valid when the weights change."""
+    """An NVFP4 weight [N, K] as the kernel reads it: ``codes`` u8 [N/16, 8K] (:func:`pack_codes`), ``scales`` u8
+    [N/16, K] (:func:`pack_scales`), ``gain`` fp32 [N] (``g[n] = fp32(amax · fl(1/2688))`` of the tensor row n
+    belongs to). Allocated once; :meth:`copy_rows_` writes in place, so graphs that read it stay valid when the
+    weights change."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -176,17 +248,16 @@ class FP4Weight:
 
     @classmethod
     def empty(cls, n: int, k: int, device) -> FP4Weight:
-        if k % CHUNK:
-            raise ValueError(f"FP4Weight needs K % {CHUNK} == 0; got K={k}")
+        _check_shape(n, k)
         return cls(
-            torch.zeros((n, k // 2), dtype=torch.uint8, device=device),
-            torch.zeros((n, k // 16), dtype=torch.float8_e4m3fn, device=device),
+            torch.zeros((n // 16, 8 * k), dtype=torch.uint8, device=device),
+            torch.zeros((n // 16, k), dtype=torch.uint8, device=device),
             torch.zeros((n,), dtype=torch.float32, device=device),
         )
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.codes.shape[0], self.codes.shape[1] * 2
+        return self.gain.shape[0], self.scales.shape[1]
 
     @property
     def nbytes(self) -> int:
@@ -194,179 +265,206 @@ class FP4Weight:
 
     def copy_rows_(self, row: int, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor) -> int:
         """Write one quantized weight (``NVFP4Tensor`` fields: data u8 [n, K/2], scales E4M3 [n, K/16], amax
-        [1] per tensor or [n] per row) into rows ``row:row + n`` at the same addresses; returns ``row + n``."""
+        [1] per tensor or [n] per row) into rows ``row:row + n`` (both multiples of 16) at the same addresses;
+        returns ``row + n``."""
         n = data.shape[0]
         if amax.numel() not in (1, n):
             raise ValueError(f"FP4Weight takes one amax per tensor or per row ({n}); got {amax.numel()}")
-        self.codes[row:row + n].copy_(chunk_codes(data))
-        self.scales[row:row + n].copy_(chunk_scales(scales.view(torch.float8_e4m3fn)))
-        self.gain[row:row + n].copy_((amax.reshape(-1).to(torch.float32) * INV_2688).expand(n))
+        if row % GROUP_ROWS or n % GROUP_ROWS:
+            raise ValueError(f"FP4Weight writes whole {GROUP_ROWS}-row groups; got rows {row}:{row + n}")
+        sc = scales.view(torch.uint8)
+        data = torch.where((sc == 0).repeat_interleave(8, dim=1), 0, data)  # a zero block's codes: 0
+        g0, g1 = row // GROUP_ROWS, (row + n) // GROUP_ROWS
+        self.codes[g0:g1].copy_(pack_codes(data))
+        self.scales[g0:g1].copy_(pack_scales(sc.view(torch.float8_e4m3fn)))
+        self.gain[row : row + n].copy_((amax.reshape(-1).to(torch.float32) * INV_2688).expand(n))
         return row + n
 
 
-def fp4w_linear_reference(x_hat: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp4w_linear_reference(
+    x_hat: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The module docstring's formula in pure PyTorch (fp64 sums of the exact products, then the fp32 gain):
     ``bf16(fp32(Σ_k X̂ QS) · g)`` (then ``bf16(· + b)``). Equal to the kernel up to the order of its fp32 sum."""
     from minite_kernels.formats.e2m1 import e2m1_decode, unpack_nibbles
 
     n, k = w.shape
-    q = e2m1_decode(unpack_nibbles(unchunk_codes(w.codes))).to(torch.float64).view(n, k // 16, 16)
-    qs = (q * unchunk_scales(w.scales).to(torch.float64).unsqueeze(-1)).view(n, k)
+    q = e2m1_decode(unpack_nibbles(unpack_codes(w.codes))).to(torch.float64).view(n, k // 16, 16)
+    qs = (q * unpack_scales(w.scales).to(torch.float64).unsqueeze(-1)).view(n, k)
     acc = (x_hat.to(torch.float64) @ qs.t()).to(torch.float32)
     y = (acc * w.gain.to(torch.float32)).to(torch.bfloat16)
     return y if bias is None else (y.to(torch.float32) + bias.to(torch.float32)).to(torch.bfloat16)
 
 
-#: the upcast's arithmetic (``FP4WConfig.upcast``), all giving the same sums: ``asm`` (inline PTX: four code bytes
-#: to eight BF16 bit patterns in 18 integer instructions, then one BF16x2 multiply per pair), ``bf16`` (the same
-#: bits from Triton integer ops on 16-bit values), ``f32`` (fp16 bits widened to fp32, fp32 multiply). ``f32`` is
-#: the default: it is the one measured on a GPU so far (``benchmarks/RESULTS.md``); the other two pass the CPU
-#: tests (which run the ``f32`` arithmetic) and compile for sm_90, and have not yet run on a GPU
-UPCASTS = ("asm", "bf16", "f32")
-
-#: the BF16 upcasts multiply ``q · 2^-126`` by ``s · 2^100`` (both exact), so their operand is ``QS · 2^-26`` and
-#: the epilogue multiplies by 2^26 (exact: powers of two commute with the fp32 roundings)
-_TWO_100 = tl.constexpr(1.2676506002282294e30)
+#: the decode's operand is ``QS · 2^-26`` (q · 2^-126 times s · 2^100); the epilogue multiplies by 2^26 (exact:
+#: powers of two commute with the fp32 roundings)
 _TWO_26 = tl.constexpr(67108864.0)
-# one output register per (byte pair, nibble): the magnitude moves left by ``m`` to bits 6..8 of each half, the sign
-# by ``m + 6`` to bit 15, then the BF16x2 multiply by that register's two scales
-_UPCAST_PART = """shl.b32 a, {t}, {m};
-shl.b32 b, {t}, {sign};
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-mul.rn.bf16x2 ${out}, a, ${scale};
-"""
-#: four code bytes ($4) and the block scales of their low ($5, $6) and high ($7, $8) nibbles (BF16, times
-#: 2^100) to the eight BF16 operands ``QS · 2^-26``: two bytes spread to the low bytes of a register's halves
-#: (prmt), a nibble's magnitude moved to bits 6..8 and its sign to bit 15 of each half (``q · 2^-126``, shl and
-#: lop3), times the scales (mul.bf16x2; exact, and BF16 arithmetic keeps the subnormal input of code 1)
-_UPCAST_ASM = tl.constexpr(
-    "{\n.reg .b32 t0, t1, a, b;\nprmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n"
-    + "".join(_UPCAST_PART.format(t=t, m=m, sign=m + 6, out=out, scale=out + 5)
-              for out, (t, m) in enumerate((("t0", 6), ("t1", 6), ("t0", 2), ("t1", 2))))
-    + "}"
-)
-
-
-
-@triton.jit
-def _nibble_f32(n):
-    """±e2m1(n) · 2^-14 (exact) in fp32 for int32 nibbles ``n`` (bit 3 the sign): the three magnitude bits placed
-    at fp16 bits 9..11 read as an fp16 whose exponent field is the E2M1 exponent (code 1 becomes the subnormal
-    2^-15)."""
-    h = ((n & 7) << 9) | ((n & 8) << 12)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+#: one packed word ($4) and its two rows' scale bytes ($5: [s0, s0, s1, s1]) to the lane's four fragment
+#: registers ($0..$3, register r = h + 2e): the scales' BF16 bits of s · 2^100 (prmt, mad), each register's
+#: bits of q · 2^-126 (shifts, masks; lop3 with 0xE4 is ``c ? a : b``, 0xD8 is ``c ? b : a``), times its scale
+_DECODE_ASM = tl.constexpr("""{
+.reg .b32 a, b, c, s0, s1;
+prmt.b32 s0, $5, 0, 0x4140;
+prmt.b32 s1, $5, 0, 0x4342;
+mad.lo.u32 s0, s0, 16, 0x6C806C80;
+mad.lo.u32 s1, s1, 16, 0x6C806C80;
+and.b32 a, $4, 0x81C081C0;
+mul.rn.bf16x2 $0, a, s0;
+shl.b32 a, $4, 3;
+and.b32 a, a, 0x81C081C0;
+mul.rn.bf16x2 $1, a, s1;
+shl.b32 a, $4, 6;
+and.b32 a, a, 0x81C081C0;
+mul.rn.bf16x2 $2, a, s0;
+shl.b32 a, $4, 1;
+shr.b32 b, $4, 4;
+shr.b32 c, $4, 5;
+lop3.b32 a, a, b, 0x80008000, 0xE4;
+lop3.b32 a, a, c, 0x01000100, 0xD8;
+and.b32 a, a, 0x81C081C0;
+mul.rn.bf16x2 $3, a, s1;
+}""")
 
 
 @triton.jit
-def _nibble_bf16(n):
-    """±e2m1(n) · 2^-126 (exact) in BF16 for int16 nibbles ``n``: the magnitude bits placed at BF16 bits 6..8
-    (code 1 becomes the subnormal 2^-127)."""
-    h = ((n & 7) << 6) | ((n & 8) << 12)
-    return h.to(tl.bfloat16, bitcast=True)
+def _to_matrix(r0, r1, NR: tl.constexpr, KT: tl.constexpr):
+    """The decoded values [NR, KT, 32, 16] of registers (h, e = 0) and (h, e = 1), indexed (group R, tile T, lane
+    4i + t, byte 4s + 2h + p), as the weight tile [16 NR, 64 KT] (row 16R + 8h + i, column 64T + 16s + 8e + 2t + p).
+    Only indices move: the compiler maps this onto the MMA's register layout without moving data."""
+    w = tl.reshape(tl.join(r0, r1), [NR, KT, 8, 4, 4, 2, 2, 2])  # R T i t s h p e
+    w = tl.permute(w, (0, 5, 2, 1, 4, 7, 3, 6))  # R h i T s e t p
+    return tl.reshape(w, [NR * 16, KT * 64])
 
 
 @triton.jit
-def _scaled(q, s, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
-    """``q`` [BLOCK_N, HALF] times the block scales ``s`` [BLOCK_N, HALF // 16], each scale on its 16 values."""
-    return tl.reshape(tl.reshape(q, [BLOCK_N, HALF // 16, 16]) * s[:, :, None], [BLOCK_N, HALF])
-
-
-@triton.jit
-def _upcast(c, s_ptrs, s_half, BLOCK_N: tl.constexpr, HALF: tl.constexpr, UPCAST: tl.constexpr):
-    """(QS of the low nibbles, QS of the high nibbles), each [BLOCK_N, HALF] in BF16 (exact), from the code
-    bytes ``c`` u8 [BLOCK_N, HALF] and the scales at ``s_ptrs`` (low) and ``s_ptrs + s_half`` (high).
-
-    ``bf16`` / ``asm``: ``q · 2^-126`` as BF16 bits (code 1 the subnormal 2^-127) times ``s · 2^100`` in BF16,
-    which is ``QS · 2^-26`` exactly (BF16 arithmetic keeps subnormal inputs, and the product is a normal number
-    of at most 5 significant bits); ``f32``: ``q · 2^-14`` from fp16 bits, widened, times ``s · 2^14`` in fp32,
-    rounded to BF16 (exact), which is ``QS``."""
-    if UPCAST == "f32":
-        ci = c.to(tl.int32)
-        f_lo = tl.load(s_ptrs).to(tl.float32) * 16384.0
-        f_hi = tl.load(s_ptrs + s_half).to(tl.float32) * 16384.0
-        w_lo = _scaled(_nibble_f32(ci), f_lo, BLOCK_N, HALF).to(tl.bfloat16)
-        w_hi = _scaled(_nibble_f32(ci >> 4), f_hi, BLOCK_N, HALF).to(tl.bfloat16)
-    elif UPCAST == "asm":
-        b_lo = tl.broadcast_to((tl.load(s_ptrs).to(tl.bfloat16) * _TWO_100)[:, :, None], [BLOCK_N, HALF // 16, 16])
-        b_hi = tl.broadcast_to((tl.load(s_ptrs + s_half).to(tl.bfloat16) * _TWO_100)[:, :, None],
-                               [BLOCK_N, HALF // 16, 16])
-        w_lo, w_hi = tl.inline_asm_elementwise(
-            _UPCAST_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-            [c, tl.reshape(b_lo, [BLOCK_N, HALF]), tl.reshape(b_hi, [BLOCK_N, HALF])],
-            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+def _e2m1_value(word, R: tl.constexpr, P: tl.constexpr):
+    """The E2M1 value (fp32) of fragment register R's half P in int32 ``word``s (module docstring's bits)."""
+    o: tl.constexpr = 16 * P
+    if R < 3:
+        sign = (word >> (15 - 3 * R + o)) & 1
+        mag = (word >> (6 - 3 * R + o)) & 7
     else:
-        c16 = c.to(tl.int16)
-        b_lo = tl.load(s_ptrs).to(tl.bfloat16) * _TWO_100
-        b_hi = tl.load(s_ptrs + s_half).to(tl.bfloat16) * _TWO_100
-        w_lo = _scaled(_nibble_bf16(c16), b_lo, BLOCK_N, HALF)
-        w_hi = _scaled(_nibble_bf16((c16 >> 4) & 15), b_hi, BLOCK_N, HALF)
-    return w_lo, w_hi
+        sign = (word >> (14 + o)) & 1
+        mag = (((word >> (13 + o)) & 1) << 2) | ((word >> (10 + o)) & 3)
+    e = (mag >> 1).to(tl.float32)
+    m = (mag & 1).to(tl.float32)
+    v = tl.where(e == 0, 0.5 * m, tl.exp2(e - 1.0) * (1.0 + 0.5 * m))
+    return tl.where(sign == 1, -v, v)
+
+
+@triton.jit
+def _e5m3_value(b):
+    """The value (fp32) of unsigned E5M3 scale bytes ``b`` (int32), times 2^-26."""
+    v = tl.exp2(((b >> 3) - 36).to(tl.float32)) * (1.0 + (b & 7).to(tl.float32) * 0.125)
+    return tl.where(b == 0, 0.0, v)
+
+
+@triton.jit
+def _interleave(v00, v01, v10, v11):
+    """[..., 4] values of (h, p) = (0, 0), (0, 1), (1, 0), (1, 1) as [..., 16] in byte order 4s + 2h + p."""
+    w = tl.join(tl.join(v00, v10), tl.join(v01, v11))  # ..., s, h, p
+    return tl.reshape(w, [w.shape[0], w.shape[1], w.shape[2], 16])
+
+
+@triton.jit
+def _decode_emulated(c, sc, NR: tl.constexpr, KT: tl.constexpr):
+    """What :data:`_DECODE_ASM` computes, with Triton integer and fp32 ops (the interpreter has no inline PTX):
+    ``QS · 2^-26`` for each byte position of registers e = 0 and e = 1, [NR, KT, 32, 16] fp32 each."""
+    b = tl.reshape(c.to(tl.int32), [NR, KT, 32, 4, 2, 2])  # byte 2a + b of word s
+    b02, b13 = tl.split(b)
+    b0, b2 = tl.split(b02)
+    b1, b3 = tl.split(b13)
+    word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)  # [NR, KT, 32, 4]
+    s0, s1 = tl.split(tl.reshape(sc.to(tl.int32), [NR, KT, 32, 4, 2]))
+    f0 = _e5m3_value(s0)
+    f1 = _e5m3_value(s1)
+    r0 = _interleave(
+        _e2m1_value(word, 0, 0) * f0,
+        _e2m1_value(word, 0, 1) * f0,
+        _e2m1_value(word, 1, 0) * f1,
+        _e2m1_value(word, 1, 1) * f1,
+    )
+    r1 = _interleave(
+        _e2m1_value(word, 2, 0) * f0,
+        _e2m1_value(word, 2, 1) * f0,
+        _e2m1_value(word, 3, 0) * f1,
+        _e2m1_value(word, 3, 1) * f1,
+    )
+    return r0, r1
+
+
+@triton.jit
+def _decode(c, sc, NR: tl.constexpr, KT: tl.constexpr, INTERP: tl.constexpr):
+    """The weight tile [16 NR, 64 KT] as ``QS · 2^-26`` (BF16 compiled, fp32 interpreted) from its packed code
+    bytes ``c`` u8 [NR, KT, 32, 16] (per lane, four words) and scale bytes ``sc`` u8 [NR, KT, 32, 8]."""
+    if INTERP:
+        r0, r1 = _decode_emulated(c, sc, NR, KT)
+    else:
+        sc16 = tl.reshape(tl.join(sc, sc), [NR, KT, 32, 16])  # byte 4s + 2h + p takes scale (s, h)
+        r0, r1 = tl.inline_asm_elementwise(
+            _DECODE_ASM, "=r,=r,=r,=r,r,r", [c, sc16], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    return _to_matrix(r0, r1, NR, KT)
 
 
 @triton.jit
 def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
-                 K_PER_SPLIT, stride_xm, stride_c, stride_s, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 INTERP: tl.constexpr, UPCAST: tl.constexpr = "f32"):  # fmt: skip
-    """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N, K/2] in the
-    chunked layout of :func:`chunk_codes`, ``scales`` E4M3 [N, K/16] in the order of :func:`chunk_scales`,
-    ``gain`` fp32 [N], ``y`` BF16 [M, N].
-
-    A K step of BLOCK_K values loads BLOCK_K/2 code bytes per weight row: their low nibbles are the first half of
-    each 64-value chunk (K offsets 64u + j, j < 32), their high nibbles the second half (64u + 32 + j). Each half
-    is one MMA against the matching rows of X̂ᵀ, so the upcast needs no interleaving, and Triton keeps it in the
-    MMA's register layout (the codes and scales go through shared memory by asynchronous copies, pipelined).
-    The accumulator is [BLOCK_N, BLOCK_M]: weight rows first, the upcast weight is the MMA's register operand.
-    Rows past M or N are clamped to row 0 for the loads (no masks in the K loop) and left out of the stores."""
+                 K_PER_SPLIT, stride_xm, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+    """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N/16, 8K] and
+    ``scales`` u8 [N/16, K] in the layout of :func:`pack_codes` / :func:`pack_scales`, ``gain`` fp32 [N], ``y`` BF16
+    [M, N]. The accumulator is [BLOCK_N, BLOCK_M]: weight rows first, the decoded weight is the MMA's register
+    operand. Groups past N and rows past M are clamped to 0 for the loads (no masks in the K loop) and left out of
+    the stores."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    HALF: tl.constexpr = BLOCK_K // 2
+    NR: tl.constexpr = BLOCK_N // 16
+    KT: tl.constexpr = BLOCK_K // 64
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     nmask = offs_n < N
     mmask = offs_m < M
     rows_n = tl.where(nmask, offs_n, 0)
     rows_m = tl.where(mmask, offs_m, 0)
-    k_start = pid_k * K_PER_SPLIT
-    j = tl.arange(0, HALF)
-    k_lo = (j // 32) * 64 + j % 32  # K offsets of the low nibbles within a step
-    # offsets are multiples of a step's extent (K_PER_SPLIT and K are multiples of BLOCK_K): said explicitly, so
-    # that the loads are aligned and Triton pipelines them as asynchronous copies
-    c_ptrs = codes_ptr + rows_n[:, None] * stride_c + (tl.multiple_of(k_start // 2, HALF) + j)[None, :]
-    # the low nibbles' block scales, then (K/32 further on) the high nibbles'
-    s0 = tl.multiple_of(k_start // 32, HALF // 16)
-    s_half = tl.multiple_of(K // 32, HALF // 16)
-    s_ptrs = scales_ptr + rows_n[:, None] * stride_s + (s0 + tl.arange(0, HALF // 16))[None, :]
-    x_ptrs = x_ptr + rows_m[None, :] * stride_xm + (k_start + k_lo)[:, None]
+    grp = pid_n * NR + tl.arange(0, NR)
+    grp = tl.where(grp < N // 16, grp, 0)[:, None, None, None]
+    tile = tl.arange(0, KT)[None, :, None, None]
+    lane = tl.arange(0, 32)[None, None, :, None]
+    k_start = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
+    c_ptrs = (
+        codes_ptr
+        + grp * (K * 8)
+        + (k_start * 8 + tile * 512)
+        + lane * 16
+        + tl.arange(0, 16)[None, None, None, :]
+    )
+    # a tile's scales once per row group i (8 bytes: blocks s = 0..3 of rows i and i + 8), then each to the
+    # four lanes 4i + t that use it (a broadcast read of shared memory)
+    s_ptrs = scales_ptr + grp * K + (k_start + tile * 64) + tl.arange(0, 8)[None, None, :, None] * 8
+    s_ptrs += tl.arange(0, 8)[None, None, None, :]
+    x_ptrs = x_ptr + rows_m[None, :] * stride_xm + (k_start + tl.arange(0, BLOCK_K))[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for _ in range(0, K_PER_SPLIT, BLOCK_K):
-        c = tl.load(c_ptrs)
-        x_lo = tl.load(x_ptrs)
-        x_hi = tl.load(x_ptrs + 32)
-        # the interpreter has neither inline PTX nor BF16 arithmetic: the fp32 upcast there
-        w_lo, w_hi = _upcast(c, s_ptrs, s_half, BLOCK_N, HALF, "f32" if INTERP else UPCAST)
+        sc = tl.reshape(tl.broadcast_to(tl.load(s_ptrs)[:, :, :, None, :], [NR, KT, 8, 4, 8]), [NR, KT, 32, 8])
+        w = _decode(tl.load(c_ptrs), sc, NR, KT, INTERP)
+        xt = tl.load(x_ptrs)
         if INTERP:  # the interpreter's BF16 dots are not fp32-accumulated: the (exact) fp32 values instead
-            acc = tl.dot(w_lo.to(tl.float32), x_lo.to(tl.float32), acc)
-            acc = tl.dot(w_hi.to(tl.float32), x_hi.to(tl.float32), acc)
+            acc = tl.dot(w, xt.to(tl.float32), acc)
         else:
-            acc = tl.dot(w_lo, x_lo, acc)
-            acc = tl.dot(w_hi, x_hi, acc)
-        c_ptrs += HALF
-        s_ptrs += HALF // 16
+            acc = tl.dot(w, xt, acc)
+        c_ptrs += KT * 512
+        s_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     omask = nmask[:, None] & mmask[None, :]
     y_ptrs = y_ptr + offs_m[None, :] * N + offs_n[:, None]
-    gain = tl.load(gain_ptr + rows_n)[:, None]
-    if UPCAST != "f32" and not INTERP:
-        gain = gain * _TWO_26
+    gain = tl.load(gain_ptr + rows_n)[:, None] * _TWO_26
     if SPLIT > 1:
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile_id = pid_m * tl.num_programs(0) + pid_n
         p_ptrs = part_ptr + offs_m[None, :] * N + offs_n[:, None]
         tl.store(p_ptrs + pid_k * M * N, acc, mask=omask)
         tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        arrived = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
         if arrived == SPLIT - 1:
             tot = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for sk in tl.static_range(SPLIT):
@@ -375,7 +473,7 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
             if HAS_BIAS:
                 y = _round(y + tl.load(bias_ptr + rows_n).to(tl.float32)[:, None], INTERP)
             tl.store(y_ptrs, y.to(tl.bfloat16), mask=omask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+            tl.atomic_xchg(cnt_ptr + tile_id, 0)
     else:
         y = _round(acc * gain, INTERP)
         if HAS_BIAS:
@@ -394,8 +492,13 @@ def _auto_split(device: torch.device, programs: int, k: int, bk: int, waves: int
     return split
 
 
-def fp4w_linear(x_hat: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None,
-                config: FP4WConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp4w_linear(
+    x_hat: torch.Tensor,
+    w: FP4Weight,
+    bias: torch.Tensor | None = None,
+    config: FP4WConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``Y = bf16(fp32(X̂ QSᵀ) · g)`` (then ``bf16(· + b)``) for BF16 ``x_hat`` [M, K] (unit stride along K)
     against the packed weight ``w`` [N, K]; ``config`` (default: the table's for this shape) changes only the
     order of the fp32 sum. ``out``: a BF16 [M, N] tensor to write into."""
@@ -408,12 +511,10 @@ def fp4w_linear(x_hat: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = N
     m = x_hat.shape[0]
     cfg = config or table_config(n, k, m) or DEFAULT_CONFIG
     bk, bn = cfg.block_k, cfg.block_n
-    if bk % CHUNK:
-        raise ValueError(f"fp4w_linear: block_k={bk} must be a multiple of {CHUNK}")
+    if bk % K_TILE or bn % 64:
+        raise ValueError(f"fp4w_linear: block_k={bk} must be a multiple of {K_TILE} and block_n={bn} of 64")
     if k % bk:  # the largest step that divides K
         bk = next((b for b in (256, 128, 64) if b <= cfg.block_k and k % b == 0), 0)
-        if not bk:
-            raise ValueError(f"fp4w_linear needs K % {CHUNK} == 0; got K={k}")
     y = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=x_hat.device)
     if m == 0 or n == 0:
         return y
@@ -421,11 +522,31 @@ def fp4w_linear(x_hat: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = N
     n_tiles, m_tiles = triton.cdiv(n, bn), triton.cdiv(m, bm)
     s = cfg.split or _auto_split(x_hat.device, n_tiles * m_tiles, k, bk)
     if s & (s - 1) or k % (s * bk):
-        raise ValueError(f"fp4w_linear: split={s} must be a power of two with K={k} a multiple of split * {bk}")
+        raise ValueError(
+            f"fp4w_linear: split={s} must be a power of two with K={k} a multiple of split * {bk}"
+        )
     part, cnt = _workspace(x_hat.device, s, m, n, n_tiles * m_tiles) if s > 1 else (y, y)
     _fp4w_kernel[(n_tiles, s, m_tiles)](
-        x_hat, w.codes, w.scales, w.gain, bias if bias is not None else y, y, part, cnt, m, n, k, k // s,
-        x_hat.stride(0), k // 2, k // 16, HAS_BIAS=bias is not None, SPLIT=s, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        INTERP=interpret_mode(), UPCAST=cfg.upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x_hat,
+        w.codes,
+        w.scales,
+        w.gain,
+        bias if bias is not None else y,
+        y,
+        part,
+        cnt,
+        m,
+        n,
+        k,
+        k // s,
+        x_hat.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT=s,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        INTERP=interpret_mode(),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return y
