@@ -230,17 +230,17 @@ class PackedLinears:
         current NVFP4 bytes) into the packed buffers (same addresses every time)."""
         for dst, srcs, lane in self._sources:
             if not isinstance(dst, torch.Tensor):  # FP4Weight
-                from minite_kernels import lane_qweight
+                from minite_kernels import WeightCache, lane_qweight
 
                 row = 0
                 for m in srcs:
-                    q = lane_qweight(lane, m._weight_cache, m.weight)
+                    q = lane_qweight(lane, WeightCache.of(m), m.weight)
                     row = dst.copy_rows_(row, q.data, q.scales, q.amax)
                 continue
             if lane is not None:
-                from minite_kernels import lane_weight
+                from minite_kernels import WeightCache, lane_weight
 
-                srcs = [lane_weight(lane, m._weight_cache, m.weight) for m in srcs]
+                srcs = [lane_weight(lane, WeightCache.of(m), m.weight) for m in srcs]
             elif srcs and isinstance(srcs[0], nn.Module):
                 srcs = [m.weight for m in srcs]
             o = 0
