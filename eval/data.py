@@ -6,7 +6,7 @@ import os
 import pathlib
 
 from eval.task import Task
-from minite_kernels.fileio import iter_json_objects
+from minite_util.fileio import iter_json_objects
 
 BUNDLED_DIR = pathlib.Path(__file__).resolve().parent / "data"
 
@@ -17,7 +17,7 @@ def bundled_path(task: Task) -> pathlib.Path:
 
 def iter_jsonl(path: str | os.PathLike):
     """Yield ``(line_number, row)`` for every non-blank line; a bad file or line raises ValueError naming
-    ``path:line`` (``minite_kernels.fileio.iter_json_objects``)."""
+    ``path:line`` (``minite_util.fileio.iter_json_objects``)."""
     yield from iter_json_objects(path, ValueError)
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import pathlib
 
-from minite_kernels.fileio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported for eval
+from minite_util.fileio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported for eval
 
 
 def pct(x: float) -> str:

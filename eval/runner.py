@@ -31,7 +31,7 @@ from eval.engines.base import Engine, render_prompt
 from eval.metrics import equal_weighted_average, summarize_task
 from eval.report import atomic_write_json, atomic_write_text, run_markdown
 from eval.task import MATH_PROMPT_SUFFIX, Task, get_task
-from minite_kernels.fileio import atomic_path, sha256_file
+from minite_util.fileio import atomic_path, sha256_file
 
 DEFAULT_TASKS = ("aime24", "aime25", "math500", "gsm8k", "ifeval")  # the report's Table 6-8 task set
 SAMPLING_DEFAULTS_NOTE = ("report §6.2.2 states k per task but not the sampling settings; temperature 0.6, "

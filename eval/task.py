@@ -21,7 +21,7 @@ from eval.task_base import (
     first_field,
     register,
 )
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 __all__ = [
     "MATH_PROMPT_SUFFIX",

@@ -34,7 +34,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "WeightCache": ("minite_kernels.modules.weight_cache", "WeightCache"),
     "ModelWeightSync": ("minite_kernels.modules.weight_sync", "ModelWeightSync"),
     "backend_status": ("minite_kernels.backends", "backend_status"),
-    "did_you_mean": ("minite_kernels.choices", "did_you_mean"),
     # the fast lane (``modules/fast_lane.py``) as the sampler's packed projections run it
     "module_lane": ("minite_kernels.modules.functional", "module_lane"),
     "lane_call_ok": ("minite_kernels.modules.fast_lane", "call_ok"),
@@ -69,7 +68,6 @@ __all__ = [
     "WeightCache",
     "backend_status",
     "cache_root",
-    "did_you_mean",
     "get_backend",
     "get_qlinear_params",
     "lane_call_ok",
@@ -94,7 +92,6 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from minite_kernels import modules
     from minite_kernels.backends import backend_status, get_backend
-    from minite_kernels.choices import did_you_mean
     from minite_kernels.formats import MXFP8Tensor, NVFP4Tensor, quantize_mxfp8, quantize_nvfp4
     from minite_kernels.hf_models import (
         SMOLLM2_ALIASES,

@@ -110,7 +110,7 @@ def tensor_stats(x: torch.Tensor, nvfp4: Mapping[str, Any] | None = None) -> dic
 
 
 def _save_atomic(obj: Any, path: str) -> None:
-    from minite_kernels.fileio import atomic_path
+    from minite_util.fileio import atomic_path
 
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)

@@ -34,7 +34,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 #: field -> (environment variable, valid values with the default first)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from minite_kernels.fileio import atomic_write_json
 from minite_kernels.modules.functional import WeightCache
 from minite_kernels.modules.linear import Linear, check_features
 from minite_kernels.modules.moe import GroupedExperts
@@ -43,6 +42,7 @@ from minite_kernels.recipes import (
     layer_index,
     resolve_recipe,
 )
+from minite_util.fileio import atomic_write_json
 
 RUN_META = "run_meta.json"
 

@@ -40,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 FORMATS = ("bf16", "nvfp4", "mxfp8")
 SCALINGS = {"bf16": ("none",), "nvfp4": ("per_tensor", "per_token"), "mxfp8": ("block",)}

@@ -9,7 +9,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "learning" / "README.md"]
 RAW = ROOT / "benchmarks" / "raw"
-PACKAGES = ("minite_kernels", "rollout", "trainers", "triage", "eval", "scoring", "scripts")
+PACKAGES = ("minite_util", "minite_kernels", "rollout", "trainers", "triage", "eval", "scoring", "scripts")
 
 
 def _raw_patterns() -> set[str]:

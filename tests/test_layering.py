@@ -2,8 +2,8 @@
 
 - **No import cycles**, counting every import statement wherever it is: at module level, under ``try``/``if``, and
   inside functions (a lazy import, e.g. of Triton, still makes the two modules depend on each other).
-- **Layers**: a package imports only packages of lower layers (:data:`LAYERS`); ``minite_kernels`` imports
-  nothing of the packages above it.
+- **Layers**: a package imports only packages of lower layers (:data:`LAYERS`); ``minite_util`` (the shared
+  helpers: file I/O, "did you mean") imports nothing of the project, ``minite_kernels`` nothing but ``minite_util``.
 - **Public seams** (the rule for ``rollout/``): ``rollout`` imports from ``minite_kernels`` only
 
   - names in ``minite_kernels.__all__``, as ``from minite_kernels import NAME`` (the package's lazy exports:
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("minite_kernels", "triage", "trainers", "rollout", "eval", "scoring")
+PACKAGES = ("minite_util", "minite_kernels", "triage", "trainers", "rollout", "eval", "scoring")
 #: package -> layer: a package may import packages of lower layers only
-LAYERS = {"minite_kernels": 0, "triage": 1, "scoring": 1, "rollout": 2, "eval": 3, "trainers": 4}
+LAYERS = {"minite_util": 0, "minite_kernels": 1, "triage": 2, "scoring": 2, "rollout": 3, "eval": 4, "trainers": 5}
 #: the packages whose ``__all__`` is ``rollout``'s whole view of ``minite_kernels``
 SEAMS = ("minite_kernels", "minite_kernels.backends.triton")
 
@@ -137,6 +138,13 @@ def test_packages_import_only_lower_layers():
     )
     assert upward == []
     assert set(LAYERS) == set(PACKAGES)
+
+
+def test_minite_util_imports_only_the_standard_library():
+    """The lowest layer: every package may import it, so it imports nothing of the project nor a third party."""
+    imported = set().union(*(_all_imports(f) for f in (ROOT / "minite_util").rglob("*.py")))
+    outside = sorted(n for n in imported if n.split(".")[0] not in sys.stdlib_module_names | {"minite_util"})
+    assert outside == []
 
 
 def _package_init(package: str) -> pathlib.Path:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minite_kernels.fileio import atomic_write_text, current_umask, sha256_file
+from minite_util.fileio import atomic_write_text, current_umask, sha256_file
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"

@@ -23,7 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 from trainers import losses
 from triage.config import CLIP_RATIO_C, CLIP_RATIO_HIGH, CLIP_RATIO_LOW, TriageConfig
 

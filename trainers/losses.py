@@ -18,7 +18,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 # ``alg`` below is the run's ``trainers.config.AlgorithmConfig``; it is not imported here, because
 # trainers.config imports this module to validate a config.

@@ -16,7 +16,7 @@ import json
 import math
 import pathlib
 
-from minite_kernels.fileio import atomic_path
+from minite_util.fileio import atomic_path
 from trainers.palette import colours
 
 PANELS = [("reward/mean", "training reward (batch mean)"), ("actor/entropy", "entropy (nats / token)"),

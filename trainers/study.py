@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from minite_kernels.fileio import atomic_write_text
+from minite_util.fileio import atomic_write_text
 
 #: metrics averaged over every step of a run for the table (key in metrics.jsonl -> column)
 STEP_MEANS = {
@@ -199,7 +199,7 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
         raise StudyError(f"{p}: window must be an integer >= 1, got {window!r}")
     baseline = tree.get("baseline")
     if baseline is not None and baseline not in arms:
-        from minite_kernels.choices import did_you_mean
+        from minite_util.choices import did_you_mean
 
         raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(arms)}"
                          f"{did_you_mean(str(baseline), arms)}")

@@ -11,7 +11,7 @@ import os
 import pathlib
 from typing import Any
 
-from minite_kernels.fileio import atomic_write_text
+from minite_util.fileio import atomic_write_text
 from trainers.config import Config, ConfigError, to_container
 
 METRICS_FILE = "metrics.jsonl"

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 #: PPO clip range [1 - low, 1 + high] and dual-clip bound for A < 0. The report does not state its values;
 #: these are DAPO's clip-higher (0.28 above, 0.2 below) and verl's dual-clip 3. verl's own actor defaults to 0.2

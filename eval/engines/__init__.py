@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eval.engines.base import Generation, GenerationParams
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 __all__ = ["ENGINES", "Generation", "GenerationParams", "get_engine"]
 

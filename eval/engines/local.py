@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eval.engines.base import Engine, Generation, GenerationParams
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 
 def apply_precision(model, precision: str, exclude: tuple[int | str, ...] = (), backend: str = "auto") -> dict:

@@ -23,8 +23,8 @@ from minite_kernels.backends.base import (
     dequantize_operand,
     native_fp4_gate,
 )
-from minite_kernels.choices import did_you_mean
 from minite_kernels.recipes import GEMM_OPERANDS, GEMMS, OperandSpec, PrecisionRecipe
+from minite_util.choices import did_you_mean
 
 __all__ = [
     "BACKEND_NAMES",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..choices import did_you_mean
+from minite_util.choices import did_you_mean
 
 #: Input dtypes the quantizers accept. float64 is rounded to float32 first (the kernels compute in fp32).
 VALID_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minite_kernels.backends import Backend
-from minite_kernels.choices import did_you_mean
 from minite_kernels.modules.linear import QuantizedLinearMixin, check_features
 from minite_kernels.recipes import PrecisionRecipe
+from minite_util.choices import did_you_mean
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minite_kernels import did_you_mean
+from minite_util.choices import did_you_mean
 from rollout.local import SamplingParams
 
 ACCEPTED = ("temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "logprobs", "repetition_penalty",

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minite_kernels import did_you_mean
+from minite_util.choices import did_you_mean
 from rollout.local import ALIGNMENTS
 from rollout.select import ENGINES
 

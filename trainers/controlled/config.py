@@ -22,7 +22,7 @@ import os
 import pathlib
 from dataclasses import dataclass, field
 
-from minite_kernels.choices import did_you_mean
+from minite_util.choices import did_you_mean
 from trainers.config import ConfigError, build
 
 #: the injected sampler mismatches, each studied on its own (``trainers.controlled.mismatch``)

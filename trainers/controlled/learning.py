@@ -11,7 +11,7 @@ at step 0 and every ``eval_every`` steps; per step, the seed mean of the sampled
 ``delta = logp - sampler_logp`` (mean, mean |delta|) and, for the TRIAGE arm, of its gate and repair metrics.
 
 Checkpoints (``work_dir``, every ``checkpoint_every`` steps) hold the parameters, Adam's state and the record,
-written atomically (``minite_kernels.fileio.atomic_path``). Because every draw is a function of (seed, step), a
+written atomically (``minite_util.fileio.atomic_path``). Because every draw is a function of (seed, step), a
 run resumed from step k continues exactly as the uninterrupted run (tested).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from minite_kernels.fileio import atomic_path
+from minite_util.fileio import atomic_path
 from trainers.controlled.config import ControlledConfig
 from trainers.controlled.gradient import arm_loss, learner_logp, rollout
 from trainers.controlled.mismatch import ON_POLICY, Mismatch, draw

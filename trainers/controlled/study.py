@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from minite_kernels.fileio import atomic_path, atomic_write_json
+from minite_util.fileio import atomic_path, atomic_write_json
 from trainers.controlled import stats
 from trainers.controlled.arms import CORRECTED, PAIRS, learning_runs
 from trainers.controlled.config import ControlledConfig

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from minite_kernels.fileio import iter_json_objects
+from minite_util.fileio import iter_json_objects
 from trainers.config import DataConfig
 from trainers.data.split import is_heldout
 

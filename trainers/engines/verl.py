@@ -71,7 +71,7 @@ import subprocess
 import sys
 from typing import Any
 
-from minite_kernels.fileio import atomic_write_text
+from minite_util.fileio import atomic_write_text
 from trainers.config import Config, ConfigError, to_yaml
 from trainers.losses import loss_mode
 

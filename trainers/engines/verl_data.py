@@ -24,7 +24,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from minite_kernels.fileio import atomic_path
+from minite_util.fileio import atomic_path
 from trainers.config import DataConfig
 from trainers.data import Example, load_examples
 

@@ -1,7 +1,7 @@
-"""minite_kernels.choices: the one "did you mean" behind every error that lists valid choices."""
+"""minite_util.choices: the one "did you mean" behind every error that lists valid choices."""
 from __future__ import annotations
 
-from minite_kernels.choices import closest, did_you_mean
+from minite_util.choices import closest, did_you_mean
 
 
 def test_closest_and_hint():

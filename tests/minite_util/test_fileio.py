@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from minite_kernels.fileio import atomic_path, atomic_write_json, atomic_write_text, current_umask
+from minite_util.fileio import atomic_path, atomic_write_json, atomic_write_text, current_umask
 
 
 def test_text_and_json_replace_the_target_whole(tmp_path):
