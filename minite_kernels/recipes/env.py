@@ -1,0 +1,54 @@
+"""Which precision recipe a run gets: explicit name > ``$MINITE_RECIPE`` > :data:`DEFAULT_RECIPE`, and the
+``DISABLE_BACKWARD_QUANT=1`` backward bypass (report §4.3, §7.2). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from minite_kernels.recipes.catalogue import _REGISTRY
+from minite_kernels.recipes.spec import PrecisionRecipe, RecipeError, _valid
+
+ENV_RECIPE = "MINITE_RECIPE"
+ENV_DISABLE_BACKWARD_QUANT = "DISABLE_BACKWARD_QUANT"
+DEFAULT_RECIPE = "nvfp4_per_token_bf16_bwd"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_recipe(
+    name: str | PrecisionRecipe | None = None, *, env: Mapping[str, str] | None = None
+) -> tuple[PrecisionRecipe, str]:
+    """Resolve a recipe and say where it came from: ``"explicit"``, ``"env:MINITE_RECIPE"`` or ``"default"``.
+
+    ``DISABLE_BACKWARD_QUANT=1`` in ``env`` (default ``os.environ``) applies the backward bypass to the result.
+    """
+    env = os.environ if env is None else env
+    if isinstance(name, PrecisionRecipe):
+        recipe, source = name, "explicit"
+    else:
+        if name is not None:
+            source = "explicit"
+        elif env.get(ENV_RECIPE):
+            name, source = env[ENV_RECIPE].strip(), f"env:{ENV_RECIPE}"
+        else:
+            name, source = DEFAULT_RECIPE, "default"
+        if not isinstance(name, str):
+            raise RecipeError(f"recipe must be a name or a PrecisionRecipe, got {type(name).__name__}")
+        if name not in _REGISTRY:
+            where = f" (from ${ENV_RECIPE})" if source.startswith("env") else ""
+            raise RecipeError(f"unknown precision recipe {name!r}{where}; {_valid(name, _REGISTRY)}")
+        recipe = _REGISTRY[name]
+    if _truthy(env.get(ENV_DISABLE_BACKWARD_QUANT)) and not recipe.backward_bypass:
+        recipe = recipe.with_backward_bypass()
+    return recipe, source
+
+
+def get_qlinear_params(
+    name: str | PrecisionRecipe | None = None, *, env: Mapping[str, str] | None = None
+) -> PrecisionRecipe:
+    """The recipe to use: explicit ``name`` > ``$MINITE_RECIPE`` > ``nvfp4_per_token_bf16_bwd`` (report §4.3)."""
+    return resolve_recipe(name, env=env)[0]
