@@ -1,6 +1,6 @@
 """"Did you mean" for a bad name: the one helper behind every error that lists the valid choices.
 
-Standard library only (``recipes.py`` and config code import it without torch). Example:
+Standard library only (``minite_kernels.recipes`` and config code import it without torch). Example:
 ``did_you_mean("nvfp4_per_tokn", ["bf16", "nvfp4_per_token"])`` is ``"; did you mean 'nvfp4_per_token'?"``, and
 ``""`` when nothing is close (difflib's similarity ratio below ``cutoff``; 0 always suggests the nearest).
 """

@@ -64,7 +64,8 @@ class MiniteEngine:
         self.precision = patch_precision(self.model, settings.recipe, exclude=settings.exclude,
                                          backend=settings.backend, alignment=settings.alignment)
         self.sampler = make_sampler(self.model, tokenizer, batch_size=settings.batch_size, engine=settings.sampler,
-                                    alignment=settings.alignment, norm_quant=settings.norm_quant)
+                                    alignment=settings.alignment, norm_quant=settings.norm_quant,
+                                    fp4_weights=settings.fp4_weights)
         self.base_seed = int(base_seed)
         #: every name a parameter answers to (tied weights: all their names), and the model's persistent buffers
         #: (state-dict entries a learner may send too); one name per parameter, which an update must cover

@@ -19,7 +19,7 @@ from typing import Any
 
 from minite_util.choices import did_you_mean
 from rollout.local import ALIGNMENTS
-from rollout.select import ENGINES
+from rollout.select import ENGINES, FP4_WEIGHTS
 
 ENGINE_KWARGS_KEY = "minite"
 OVERRIDE_PREFIX = f"actor_rollout_ref.rollout.engine_kwargs.{ENGINE_KWARGS_KEY}"
@@ -41,12 +41,14 @@ class MiniteRolloutSettings:
     batch_size: int | None = None
     #: the graph engine's fused norm + NVFP4 activation quantizer (``rollout.graph_sampler``)
     norm_quant: bool = False
+    #: auto | on | off: the graph engine's FP4-weight GEMMs (``rollout.fp4_weights``, ``rollout.packed``)
+    fp4_weights: str = "auto"
     #: how long the server gathers concurrent requests before it starts a batch (verl sends one request per
     #: sample, from several agent-loop workers at once)
     batch_wait_ms: float = 20.0
 
     def __post_init__(self) -> None:
-        for name, choices in (("alignment", ALIGNMENTS), ("sampler", ENGINES)):
+        for name, choices in (("alignment", ALIGNMENTS), ("sampler", ENGINES), ("fp4_weights", tuple(FP4_WEIGHTS))):
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"minite rollout: {name}={value!r} is not valid{did_you_mean(value, choices)}; "

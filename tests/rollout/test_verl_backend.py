@@ -77,7 +77,7 @@ def test_settings_travel_through_verls_config_and_refuse_bad_values():
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    s = MiniteRolloutSettings(recipe=NVFP4, exclude=("lm_head", r"re:layers\.0\."), batch_size=4)
+    s = MiniteRolloutSettings(recipe=NVFP4, exclude=("lm_head", r"re:layers\.0\."), batch_size=4, fp4_weights="off")
     parser = OverridesParser.create()
     conf = OmegaConf.create({})
     for item in s.overrides():
@@ -91,6 +91,8 @@ def test_settings_travel_through_verls_config_and_refuse_bad_values():
         MiniteRolloutSettings(alignment="strcit")
     with pytest.raises(ValueError, match="sampler='cuda'.*valid choices: auto, graph, loop"):
         MiniteRolloutSettings(sampler="cuda")
+    with pytest.raises(ValueError, match="fp4_weights='yes'.*valid choices: auto, on, off"):
+        MiniteRolloutSettings(fp4_weights="yes")
 
 
 def test_request_params_follow_vllms_server_and_refuse_what_the_sampler_cannot_do():

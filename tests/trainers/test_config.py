@@ -158,3 +158,12 @@ def test_algorithm_triage_roundtrips_through_yaml(tmp_path):
     vanilla = tmp_path / "vanilla.yaml"
     vanilla.write_text(to_yaml(load_config([])))
     assert from_yaml_file(vanilla).algorithm.triage == TriageConfig()
+
+
+@pytest.mark.parametrize("value, want", [("on", "on"), ("off", "off"), ("auto", "auto"), ("true", "on"), ("false", "off")])
+def test_on_off_switches_take_yaml_booleans(value, want):
+    """``rollout.fp4_weights=off`` as typed on a command line: YAML 1.1 reads an unquoted on / off as a boolean,
+    which a field whose choices are the strings "on" and "off" takes back as that string."""
+    assert load_config([f"rollout.fp4_weights={value}"]).rollout.fp4_weights == want
+    with pytest.raises(ConfigError, match="rollout.fp4_weights='yes' is not valid.*valid choices: 'auto', 'on', 'off'"):
+        load_config(["rollout.fp4_weights='yes'"])

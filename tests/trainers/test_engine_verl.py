@@ -161,6 +161,8 @@ def test_minite_rollout_is_the_default_and_passes_verl_validation(tmp_path):
     assert split.recipe == "nvfp4_per_token_w1x16_bf16_bwd"
     assert "differs from precision.learner=bf16" in engine.sampler_plan(_cfg(tmp_path, "triage_rollout_nvfp4")).notes[1]
     assert engine.minite_settings(_cfg(tmp_path, "bf16")).recipe == "bf16"
+    assert engine.minite_settings(_cfg(tmp_path, "bf16")).fp4_weights == "auto"
+    assert engine.minite_settings(_cfg(tmp_path, "bf16", "rollout.fp4_weights=off")).fp4_weights == "off"
     with pytest.raises(ConfigError, match="one GPU per replica.*verl.rollout=vllm"):
         engine.build_verl_overrides(_cfg(tmp_path, "bf16", "verl.tensor_model_parallel_size=2"))
     with pytest.raises(ConfigError, match="verl.rollout='vlm' is not valid; did you mean 'vllm'"):

@@ -46,6 +46,8 @@ def _coerce(value: Any, tp: Any, key: str, root: type = Config) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and ("on" if value else "off") in choices:
+            return "on" if value else "off"  # YAML 1.1 reads an unquoted on / off as a boolean
         if value in choices:
             return value
         raise ConfigError(f"{key}={value!r} is not valid{did_you_mean(value, choices)}; valid choices: "
