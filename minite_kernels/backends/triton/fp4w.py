@@ -207,8 +207,8 @@ DEFAULT_CONFIG = FP4WConfig()
 
 #: the activation-row buckets of the table (a row count takes the smallest bucket that holds it)
 M_BUCKETS = (8, 16, 32, 64, 128, 256)
-#: the most rows at which a shape missing from the table takes the FP4 kernel: no measured shape was faster at
-#: 64 rows, and 8 of 12 were at 16
+#: the most rows at which a shape missing from the table takes the FP4 kernel: every measured shape was faster
+#: at 16 rows, and 2 of 8 were slower at 64 (``benchmarks/RESULTS.md``)
 UNMEASURED_MAX_ROWS = 16
 
 
@@ -220,7 +220,7 @@ def table_config(n: int, k: int, m: int) -> FP4WConfig | None:
     """The measured configuration for a [N, K] weight at ``m`` rows: a config, or None where the measurement
     found cuBLAS on the BF16 Ŵ faster. A bucket not measured takes the nearest measured one below it (else the
     smallest); a shape not measured takes :data:`DEFAULT_CONFIG` up to :data:`UNMEASURED_MAX_ROWS` rows and
-    None above, as the measured shapes did."""
+    None above."""
     row = TABLE.get((n, k))
     if not row:
         return DEFAULT_CONFIG if m_bucket(m) <= UNMEASURED_MAX_ROWS else None
