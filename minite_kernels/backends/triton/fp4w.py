@@ -58,6 +58,7 @@ is 0x01; the scale (E4M3 0x38, x = 0) is stored as 0x50.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -153,22 +154,27 @@ def _e5m3_tables() -> tuple[list[int], list[int]]:
 _E5M3_FWD, _E5M3_INV = _e5m3_tables()
 
 
+@functools.cache
+def _lut(inverse: bool, device: torch.device) -> torch.Tensor:
+    """The E4M3 -> E5M3 byte table (256 entries; invalid bytes map to 0), or its inverse, on ``device``: made once
+    per device, since the weight sync re-encodes every quantized linear's scales before each batch."""
+    return torch.tensor(_E5M3_INV if inverse else _E5M3_FWD + [0] * 129, dtype=torch.uint8, device=device)
+
+
 def pack_scales(scales: torch.Tensor) -> torch.Tensor:
     """E4M3 block scales [N, K/16] (non-negative, finite: what the quantizer writes) in the kernel's layout and
     encoding, u8 [N/16, K]: per 16-row group and 64-value tile, for each i in 0..7 the scales of blocks s = 0..3 of
     rows i and i + 8 (order s, h), as unsigned E5M3 bytes (module docstring)."""
     n, kb = scales.shape
     _check_shape(n, kb * 16)
-    lut = torch.tensor(_E5M3_FWD + [0] * 129, dtype=torch.uint8, device=scales.device)
-    e5 = lut[scales.view(torch.uint8).long()]
+    e5 = _lut(False, scales.device)[scales.view(torch.uint8).long()]
     return e5.view(n // 16, 2, 8, kb // 4, 4).permute(0, 3, 2, 4, 1).reshape(n // 16, kb * 16)
 
 
 def unpack_scales(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`pack_scales`: E4M3 block scales [N, K/16]."""
     groups, k = packed.shape
-    lut = torch.tensor(_E5M3_INV, dtype=torch.uint8, device=packed.device)
-    e4 = lut[packed.long()].view(groups, k // 64, 8, 4, 2).permute(0, 4, 2, 1, 3)
+    e4 = _lut(True, packed.device)[packed.long()].view(groups, k // 64, 8, 4, 2).permute(0, 4, 2, 1, 3)
     return e4.reshape(groups * 16, k // 16).view(torch.float8_e4m3fn)
 
 
