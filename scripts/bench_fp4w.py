@@ -36,9 +36,14 @@ from timing import gpu_us  # noqa: E402  (scripts/ is on sys.path when run as a 
 from minite_kernels.backends.triton import fp4w as F  # noqa: E402
 from rollout.models import qwen3_projections  # noqa: E402
 
-#: (BLOCK_N, BLOCK_K, warps, stages) tried by --sweep, each with split-K filling 1, 2 and 4 waves of SMs
-SWEEP = ((128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 8, 3), (64, 128, 4, 4), (64, 256, 4, 4),
-         (256, 128, 8, 3), (128, 128, 4, 2), (256, 128, 8, 2))
+#: (BLOCK_N, BLOCK_K, warps, stages, swap_ab) tried by --sweep, each with every power-of-two split-K up to
+#: MAX_SPLIT that leaves each split two K steps: large tiles with deep pipelines, and small ones with few stages
+#: that let several programs share an SM (at tens of rows one program waits on each of its MMAs)
+SWEEP = ((128, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 128, 8, 2, True), (256, 128, 8, 2, True),
+         (64, 128, 4, 4, True), (64, 128, 4, 2, True), (64, 64, 4, 3, True), (64, 64, 4, 2, True),
+         (128, 64, 4, 3, True), (128, 128, 4, 3, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
+         (128, 64, 4, 3, False), (256, 64, 8, 3, False))
+MAX_SPLIT = 16
 
 
 def copy_bw() -> float:
@@ -61,21 +66,24 @@ def _weights(n: int, k: int, copies: int, g: torch.Generator):
     return out
 
 
-def _configs(n: int, k: int, m: int) -> dict[str, F.FP4WConfig]:
+def _configs(n: int, k: int, only: str = "") -> dict[str, F.FP4WConfig]:
     out = {}
-    for bn, bk, w, st in SWEEP:
+    for bn, bk, w, st, swap in SWEEP:
         if k % bk:
             continue
-        programs = -(-n // bn) * -(-m // F.MAX_BLOCK_M)
-        for s in sorted({F._auto_split(torch.device("cuda"), programs, k, bk, waves) for waves in (1, 2, 4)}):
-            out[f"n{bn}k{bk}s{s}w{w}p{st}"] = F.FP4WConfig(bn, bk, s, w, st)
+        s = 1
+        while s <= MAX_SPLIT and k % (s * bk) == 0 and k // (s * bk) >= 2:
+            key = f"n{bn}k{bk}s{s}w{w}p{st}{'' if swap else 'nt'}"
+            if only in key:
+                out[key] = F.FP4WConfig(bn, bk, s, w, st, swap)
+            s *= 2
     return out
 
 
 def write_table(best: dict) -> None:
-    """Rewrite the TABLE block of fp4w.py with ``best[(n, k)][bucket] = config or None``; shapes not measured
-    now keep their entries."""
-    best = {**F.TABLE, **best}
+    """Rewrite the TABLE block of fp4w.py with ``best[(n, k)][bucket] = config or None``; shapes and row buckets
+    not measured now keep their entries."""
+    best = {key: {**F.TABLE.get(key, {}), **best.get(key, {})} for key in {*F.TABLE, *best}}
     path = pathlib.Path(F.__file__)
     lines = ["TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {"]
     for (n, k), row in sorted(best.items()):
@@ -94,6 +102,8 @@ def main() -> int:
     p.add_argument("--batches", default="16,64,128")
     p.add_argument("--sweep", action="store_true", help="time every configuration of SWEEP")
     p.add_argument("--write-table", action="store_true", help="rewrite fp4w.TABLE from the sweep")
+    p.add_argument("--sweep-filter", default="", help="sweep only configurations whose key contains this "
+                   "(e.g. nt or s4); the table's current configuration is always timed")
     p.add_argument("--rep", type=int, default=40, help="milliseconds of replays per timing")
     p.add_argument("--cold-mb", type=int, default=160, help="distinct weight bytes per graph (BF16 copies)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
@@ -133,7 +143,7 @@ def main() -> int:
                 if a.sweep:
                     sweep = {}
                     want = F.fp4w_linear(x, ws[0][1], None, F.FP4WConfig(split=1))
-                    for key, c in _configs(n, k, b).items():
+                    for key, c in _configs(n, k, a.sweep_filter).items():
                         try:
                             got = F.fp4w_linear(x, ws[0][1], None, c)
                             if not torch.equal(got, want) and float((got.double() - want.double()).norm()

@@ -86,19 +86,23 @@ def _check(m: int, ns: tuple[int, ...], k: int, device, configs, bias: bool = Fa
     for cfg in configs:
         y = mod.fp4w_linear(x_hat, pk, b, cfg)
         _close(y, ref, 1e-3)
-        _near_dequantized(y, deq, x_hat, w_hat, cfg)
+        _near_dequantized(y, deq, x_hat, w_hat, (m, ns, k, cfg), bias=b is not None)
         assert torch.equal(mod.fp4w_linear(x_hat, pk, b, cfg), y), cfg  # split-K sums in a fixed order
         assert torch.equal(mod.fp4w_linear(onehot, pk, None, cfg).cpu(), picked_ref.cpu()), cfg
 
 
-def _near_dequantized(y, deq, x_hat, w_hat, cfg) -> None:
+def _near_dequantized(y, deq, x_hat, w_hat, cfg, bias: bool = False) -> None:
     """The bound against the dequantized-weight GEMM: Ŵ's per-element rounding (<= 2^-8 |Ŵ|), the two output
-    roundings (<= 2^-8 |Y| each) and fp32 sums."""
+    roundings (<= 2^-8 |Y| each) and fp32 sums. With a bias, both sides also round the product before adding it
+    (<= 2^-9 of the product each, and the product is at most the sum of |terms|): where the bias cancels the
+    product, that rounding is large against the final |Y|."""
     y, deq = y.double().cpu(), deq.double().cpu()
     terms = x_hat.double().abs().cpu() @ w_hat.double().abs().cpu().t()
     err = (y - deq).abs()
     k = x_hat.shape[1]  # fp32 sums in any order: within (K - 1) 2^-24 of the sum of |terms|
     bound = (2.0**-8 + k * 2.0**-24) * terms + 2.0**-7 * torch.maximum(y.abs(), deq.abs()) + 1e-30
+    if bias:
+        bound = bound + 2.0**-8 * (1 + 2.0**-8) * terms
     assert bool((err <= bound).all()), (cfg, float((err - bound).max()))
     assert float(err.norm() / deq.norm()) <= 1e-2, cfg
 
@@ -130,7 +134,7 @@ def _bad_inputs(device) -> None:
         mod.FP4Weight.empty(32, 96, device)
     with pytest.raises(ValueError, match=r"needs N % 16 == 0 and K % 64 == 0; got N=24, K=64"):
         mod.FP4Weight.empty(24, 64, device)
-    with pytest.raises(ValueError, match="block_k=96 must be a multiple of 64 and block_n=128 of 64"):
+    with pytest.raises(ValueError, match="block_k=96 must be a multiple of 64 and block_n=128 of 16"):
         mod.fp4w_linear(x, pk, None, mod.FP4WConfig(block_k=96))
     with pytest.raises(ValueError, match="whole 16-row groups"):
         z = torch.zeros(16, 32, dtype=torch.uint8, device=device)
@@ -251,6 +255,19 @@ def test_decode_ptx_executed_on_cpu_gives_qs_times_2_pow_minus_26():
                 assert got == want, (hex(word), r, p, code, s, got, want)
 
 
+def test_block_m_keeps_every_launch_within_shared_memory():
+    """A configuration measured at tens of rows and used at hundreds takes fewer rows per program where its
+    pipeline would not fit the shared memory (``_block_m``); the table's own configurations fit at any row count."""
+    mod = _mod()
+    deep = mod.FP4WConfig(block_n=128, block_k=256)  # 4 stages of 256-wide K steps
+    assert mod._block_m(deep, 256, 256) == 64 and mod._block_m(deep, 16, 256) == 16
+    assert mod._block_m(mod.DEFAULT_CONFIG, 256, 128) == 128 and mod._block_m(mod.DEFAULT_CONFIG, 5, 128) == 16
+    for row in mod.TABLE.values():
+        for cfg in filter(None, row.values()):
+            bm = mod._block_m(cfg, 256, cfg.block_k)
+            assert mod._smem_bytes(cfg, bm, cfg.block_k) <= mod.SMEM_BUDGET, cfg
+
+
 def test_table_lookup_and_buckets():
     mod = _mod()
     assert [mod.m_bucket(m) for m in (1, 8, 9, 64, 65, 300)] == [8, 8, 16, 64, 128, 256]
@@ -289,6 +306,8 @@ def _interp_configs():
         c(block_n=64, block_k=64, split=2),
         c(block_n=128, block_k=128, split=1),
         c(block_n=64, block_k=64, split=4),
+        c(block_n=64, block_k=128, split=2, swap_ab=False),
+        c(block_n=32, block_k=64, split=2, num_warps=2),
     )
 
 
@@ -311,7 +330,49 @@ def test_interp_worked_example_and_bad_inputs():
     _bad_inputs("cpu")
 
 
+def _pack_kernel_equals_reference(device) -> None:
+    """``FP4Weight.copy_rows_`` through the pack kernel (``fp4w_pack``) writes the bytes of the PyTorch reference
+    (``pack_codes`` / ``pack_scales`` after zeroing the codes of zero-scale blocks): random codes, every valid
+    E4M3 scale byte and zero blocks, two linears at row offsets, K with 1, 2 and 4 tiles per program."""
+    mod = _mod()
+    gen = torch.Generator().manual_seed(7)
+    for ns, k in (((32, 16), 64), ((16, 48), 128), ((48,), 320), ((16, 32), 768)):
+        pk = mod.FP4Weight.empty(sum(ns), k, device)
+        want_c, want_s, row = [], [], 0
+        for n in ns:
+            data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+            sc = torch.randint(0, 127, (n, k // 16), dtype=torch.uint8, generator=gen)
+            sc[torch.rand(n, k // 16, generator=gen) < 0.2] = 0  # zero blocks: their codes must become 0
+            amax = torch.rand(1, generator=gen) * 10
+            row = pk.copy_rows_(row, data.to(device), sc.view(torch.float8_e4m3fn).to(device), amax.to(device))
+            zeroed = torch.where((sc == 0).repeat_interleave(8, dim=1), 0, data)
+            want_c.append(mod.pack_codes(zeroed))
+            want_s.append(mod.pack_scales(sc.view(torch.float8_e4m3fn)))
+        assert torch.equal(pk.codes.cpu(), torch.cat(want_c)), (ns, k)
+        assert torch.equal(pk.scales.cpu(), torch.cat(want_s)), (ns, k)
+    with pytest.raises(ValueError, match="takes data"):
+        pk.copy_rows_(0, torch.zeros(16, 8, dtype=torch.uint8, device=device),
+                      torch.zeros(16, 1, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn),
+                      torch.ones(1, device=device))
+    with pytest.raises(ValueError, match="do not fit"):
+        pk.copy_rows_(32, torch.zeros(32, k // 2, dtype=torch.uint8, device=device),
+                      torch.zeros(32, k // 16, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn),
+                      torch.ones(1, device=device))
+
+
+@interp_only
+def test_interp_pack_kernel_equals_reference():
+    _pack_kernel_equals_reference("cpu")
+
+
 # --- compiled kernels on a GPU --------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_pack_kernel_equals_reference():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _pack_kernel_equals_reference("cuda")
+
+
 @pytest.mark.gpu
 def test_gpu_matches_reference():
     if not torch.cuda.is_available():
@@ -326,6 +387,12 @@ def test_gpu_matches_reference():
         c(block_n=256, num_warps=8, num_stages=3),
         c(block_n=64, block_k=128, num_warps=8, num_stages=3),
         c(block_n=128, num_warps=8, num_stages=2),
+        c(block_n=64, block_k=64, split=8, num_stages=2),
+        c(swap_ab=False, num_stages=2),
+        c(block_n=64, block_k=64, split=4, num_stages=3, swap_ab=False),
+        c(block_n=128, block_k=128, num_warps=8, num_stages=2, swap_ab=False),
+        c(block_n=64, block_k=128, split=2, num_warps=2, num_stages=3),
+        c(block_n=32, block_k=64, split=4, num_warps=2, num_stages=3),
     )
     for m, ns, k, bias in (
         (5, (2048, 1024, 1024), 1024, False),

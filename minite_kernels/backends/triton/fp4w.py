@@ -17,14 +17,19 @@ For weight row n and K block j of 16 values, with ``q`` the E2M1 value of a code
 weight side is TE's exact semantics (``QS``, with the per-tensor factor in the epilogue), and the result
 differs from the learner's dequantized-weight GEMM ``X̂ Ŵᵀ`` (Ŵ = bf16(q · fp32(s · a · fl(1/2688)))) by Ŵ's
 per-element BF16 rounding and the output roundings: ``|ΔY| <= 2^-8 Σ_k |X̂ Ŵ| + 2^-7 |Y|`` (a relative L2
-difference of about 3e-3 on random data). The tests check that bound, and bit-equality with the pure-PyTorch
+difference of about 3e-3 on random data), plus ``2^-8 Σ_k |X̂ Ŵ|`` with a bias (both round the product before
+adding it, which matters where the bias cancels the product). The tests check that bound, and bit-equality with the pure-PyTorch
 reference :func:`fp4w_linear_reference` wherever one term is summed.
 
 **The program.** Swap-AB: weight rows are the MMA's M dimension (64-256 per program), activation rows its N
 dimension, and split-K fills the SMs for short N. Codes, scales and X̂ reach shared memory by asynchronous copies
 that Triton pipelines over the K loop; each thread then reads its own 16-byte runs of codes, decodes them with a
 few integer instructions (inline PTX) straight into the register fragments of the Hopper MMA (``wgmma`` with the
-weight as its register operand), so the weight crosses HBM packed and never exists in BF16 in memory.
+weight as its register operand), so the weight crosses HBM packed and never exists in BF16 in memory. Triton
+waits for each such MMA before decoding the next fragment, so one program alternates integer work and MMA; at
+tens of rows the configuration table makes up for it with several programs per SM (small tiles, few stages,
+split-K). The other operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared memory once
+per K step and issues that step's MMAs back to back; the table picks between them by measurement.
 
 **The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
 cheap. Rows go in groups of 16 and K in tiles of 64. For each (group, tile), lane ``l = 4i + t`` of a warp owns
@@ -65,7 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_kernels.backends.triton._common import INV_2688, interpret_mode
+from minite_kernels.backends.triton._common import INV_2688, interpret_mode, kernel_device_ok
 from minite_kernels.backends.triton.decode import _workspace
 from minite_kernels.backends.triton.norm_quant import _round
 from minite_kernels.backends.triton.quantize import _num_sms
@@ -180,15 +185,16 @@ def unpack_scales(packed: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class FP4WConfig:
-    """One launch configuration: weight rows per program (``block_n``, a multiple of 64), K per step
-    (``block_k``, a multiple of :data:`K_TILE`), split-K (``split``; None: enough to fill the SMs), warps and
-    pipeline stages."""
+    """One launch configuration: weight rows per program (``block_n``, a multiple of 16), K per step
+    (``block_k``, a multiple of :data:`K_TILE`), split-K (``split``; None: enough to fill the SMs), warps,
+    pipeline stages, and which operand the decoded weight is (``swap_ab``, :func:`_fp4w_kernel`)."""
 
     block_n: int = 128
     block_k: int = 128
     split: int | None = None
     num_warps: int = 4
     num_stages: int = 4
+    swap_ab: bool = True
 
 
 #: measured configurations, ``(N, K) -> {M bucket: config, or None where cuBLAS on the BF16 Ŵ was faster}``.
@@ -197,14 +203,18 @@ class FP4WConfig:
 # fmt: off
 # BEGIN TABLE
 TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
-    (2560, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: None},
-    (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4)},
-    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4)},
-    (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4)},
-    (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: None},
-    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4)},
-    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=1, num_warps=8, num_stages=4)},
-    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4), 64: FP4WConfig(block_n=128, block_k=128, split=2, num_warps=8, num_stages=4)},
+    (1024, 2048): {64: None},
+    (1024, 3072): {64: None},
+    (2560, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
+    (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4, swap_ab=True)},
+    (4096, 1024): {64: None},
+    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
+    (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4, swap_ab=True)},
+    (6144, 1024): {64: None},
+    (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
+    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=2, swap_ab=True)},
+    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=2, swap_ab=True)},
+    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=64, split=2, num_warps=4, num_stages=3, swap_ab=True)},
 }
 # END TABLE
 # fmt: on
@@ -278,11 +288,23 @@ class FP4Weight:
             raise ValueError(f"FP4Weight takes one amax per tensor or per row ({n}); got {amax.numel()}")
         if row % GROUP_ROWS or n % GROUP_ROWS:
             raise ValueError(f"FP4Weight writes whole {GROUP_ROWS}-row groups; got rows {row}:{row + n}")
+        if tuple(data.shape) != (n, self.shape[1] // 2) or tuple(scales.shape) != (n, self.shape[1] // 16):
+            raise ValueError(
+                f"FP4Weight [{self.shape[0]}, {self.shape[1]}] takes data [n, {self.shape[1] // 2}] and scales "
+                f"[n, {self.shape[1] // 16}]; got {tuple(data.shape)} and {tuple(scales.shape)}"
+            )
+        if row + n > self.shape[0]:
+            raise ValueError(f"FP4Weight has {self.shape[0]} rows; rows {row}:{row + n} do not fit")
         sc = scales.view(torch.uint8)
-        data = torch.where((sc == 0).repeat_interleave(8, dim=1), 0, data)  # a zero block's codes: 0
         g0, g1 = row // GROUP_ROWS, (row + n) // GROUP_ROWS
-        self.codes[g0:g1].copy_(pack_codes(data))
-        self.scales[g0:g1].copy_(pack_scales(sc.view(torch.float8_e4m3fn)))
+        if kernel_device_ok(data):  # one launch (fp4w_pack); the same bytes as the reference below
+            from minite_kernels.backends.triton.fp4w_pack import pack_into
+
+            pack_into(self.codes, self.scales, g0, data, sc, _lut(False, data.device))
+        else:
+            data = torch.where((sc == 0).repeat_interleave(8, dim=1), 0, data)  # a zero block's codes: 0
+            self.codes[g0:g1].copy_(pack_codes(data))
+            self.scales[g0:g1].copy_(pack_scales(sc.view(torch.float8_e4m3fn)))
         self.gain[row : row + n].copy_((amax.reshape(-1).to(torch.float32) * INV_2688).expand(n))
         return row + n
 
@@ -416,11 +438,14 @@ def _decode(c, sc, NR: tl.constexpr, KT: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                  K_PER_SPLIT, stride_xm, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 INTERP: tl.constexpr):  # fmt: skip
     """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N/16, 8K] and
     ``scales`` u8 [N/16, K] in the layout of :func:`pack_codes` / :func:`pack_scales`, ``gain`` fp32 [N], ``y`` BF16
-    [M, N]. The accumulator is [BLOCK_N, BLOCK_M]: weight rows first, the decoded weight is the MMA's register
-    operand. Groups past N and rows past M are clamped to 0 for the loads (no masks in the K loop) and left out of
+    [M, N]. ``SWAP_AB``: the accumulator is [BLOCK_N, BLOCK_M], weight rows first, and the decoded weight is the
+    MMA's register operand (one MMA and its wait per 64 weight rows and K step of 16); otherwise the accumulator is
+    [BLOCK_M, BLOCK_N] and the decoded tile goes through shared memory as the MMA's second operand (one store of
+    the tile, then the step's MMAs issued back to back). Groups past N and rows past M are clamped to 0 for the loads (no masks in the K loop) and left out of
     the stores."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -449,19 +474,27 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
     # four lanes 4i + t that use it (a broadcast read of shared memory)
     s_ptrs = scales_ptr + grp * K + (k_start + tile * 64) + tl.arange(0, 8)[None, None, :, None] * 8
     s_ptrs += tl.arange(0, 8)[None, None, None, :]
-    x_ptrs = x_ptr + rows_m[None, :] * stride_xm + (k_start + tl.arange(0, BLOCK_K))[:, None]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if SWAP_AB:
+        x_ptrs = x_ptr + rows_m[None, :] * stride_xm + (k_start + tl.arange(0, BLOCK_K))[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + (k_start + tl.arange(0, BLOCK_K))[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in range(0, K_PER_SPLIT, BLOCK_K):
         sc = tl.reshape(tl.broadcast_to(tl.load(s_ptrs)[:, :, :, None, :], [NR, KT, 8, 4, 8]), [NR, KT, 32, 8])
         w = _decode(tl.load(c_ptrs), sc, NR, KT, INTERP)
         xt = tl.load(x_ptrs)
         if INTERP:  # the interpreter's BF16 dots are not fp32-accumulated: the (exact) fp32 values instead
-            acc = tl.dot(w, xt.to(tl.float32), acc)
-        else:
+            xt = xt.to(tl.float32)
+        if SWAP_AB:
             acc = tl.dot(w, xt, acc)
+        else:
+            acc = tl.dot(xt, tl.trans(w), acc)
         c_ptrs += KT * 512
         s_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if not SWAP_AB:
+        acc = tl.trans(acc)
     omask = nmask[:, None] & mmask[None, :]
     y_ptrs = y_ptr + offs_m[None, :] * N + offs_n[:, None]
     gain = tl.load(gain_ptr + rows_n)[:, None] * _TWO_26
@@ -485,6 +518,27 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
         if HAS_BIAS:
             y = _round(y + tl.load(bias_ptr + rows_n).to(tl.float32)[:, None], INTERP)
         tl.store(y_ptrs, y.to(tl.bfloat16), mask=omask)
+
+
+#: the shared memory one program may plan for (the H100 / H200 limit is 227 KiB; the estimate below is an upper
+#: bound of what Triton allocates)
+SMEM_BUDGET = 200 * 1024
+
+
+def _smem_bytes(cfg: FP4WConfig, bm: int, bk: int) -> int:
+    """An upper bound of a launch's shared memory: per pipeline stage the codes, scales and X̂ tiles, plus the
+    decoded tile where it is the MMA's shared-memory operand (``swap_ab=False``)."""
+    stage = cfg.block_n * bk // 2 + cfg.block_n * bk // 16 + bm * bk * 2
+    return cfg.num_stages * stage + (0 if cfg.swap_ab else cfg.block_n * bk * 2)
+
+
+def _block_m(cfg: FP4WConfig, m: int, bk: int) -> int:
+    """Activation rows per program: all ``m`` up to :data:`MAX_BLOCK_M`, halved while the launch would not fit
+    :data:`SMEM_BUDGET` (a deep pipeline measured at fewer rows, used at more)."""
+    bm = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
+    while bm > 16 and _smem_bytes(cfg, bm, bk) > SMEM_BUDGET:
+        bm //= 2
+    return bm
 
 
 def _auto_split(device: torch.device, programs: int, k: int, bk: int, waves: int = 1) -> int:
@@ -517,14 +571,16 @@ def fp4w_linear(
     m = x_hat.shape[0]
     cfg = config or table_config(n, k, m) or DEFAULT_CONFIG
     bk, bn = cfg.block_k, cfg.block_n
-    if bk % K_TILE or bn % 64:
-        raise ValueError(f"fp4w_linear: block_k={bk} must be a multiple of {K_TILE} and block_n={bn} of 64")
+    if bk % K_TILE or bn % GROUP_ROWS:
+        raise ValueError(
+            f"fp4w_linear: block_k={bk} must be a multiple of {K_TILE} and block_n={bn} of {GROUP_ROWS}"
+        )
     if k % bk:  # the largest step that divides K
         bk = next((b for b in (256, 128, 64) if b <= cfg.block_k and k % b == 0), 0)
     y = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=x_hat.device)
     if m == 0 or n == 0:
         return y
-    bm = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
+    bm = _block_m(cfg, m, bk)
     n_tiles, m_tiles = triton.cdiv(n, bn), triton.cdiv(m, bm)
     s = cfg.split or _auto_split(x_hat.device, n_tiles * m_tiles, k, bk)
     if s & (s - 1) or k % (s * bk):
@@ -551,6 +607,7 @@ def fp4w_linear(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        SWAP_AB=cfg.swap_ab,
         INTERP=interpret_mode(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -226,8 +226,9 @@ def _check(fn: str, operands, k: int, *, row_strided: bool = False) -> None:
 
 def _warps(nb: int) -> int:
     """Warps for a row of ``nb`` blocks: at least 4 words (one whole 16-element half block) per thread, so that a
-    block's max never crosses threads; at most 8."""
-    return max(1, min(8, nb // 32))
+    block's max never crosses threads; at most 32 (a program holds one row, so an MLP-wide row of 9728-12288
+    values needs the whole block's threads to finish in a few microseconds)."""
+    return max(1, min(32, nb // 32))
 
 
 def add_rms_norm_deq(
