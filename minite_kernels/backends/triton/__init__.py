@@ -17,7 +17,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
                    the benchmarks' baseline, is ``scripts/decode_planes.py``)
 - ``fp4w``         FP4-weight GEMM for the sampler's decode step at tens of rows: E2M1 codes stored as each
                    lane's MMA fragment and scales as E5M3, decoded in registers into ``wgmma``'s register
-                   operand, per-tensor factors in the epilogue
+                   operand, per-tensor factors in the epilogue; ``fp4w_pack`` writes that layout from the
+                   NVFP4 bytes in one launch per linear (the sampler's weight refresh)
 - ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
