@@ -19,7 +19,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
                    lane's MMA fragment and scales as E5M3, decoded in registers into ``wgmma``'s register
                    operand, per-tensor factors in the epilogue; ``fp4w_pack`` writes that layout from the
                    NVFP4 bytes in one launch per linear (the sampler's weight refresh)
-- ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits
+- ``logprobs``     token log-probs + entropy from hidden states and lm_head without full logits (the learner's
+                   ``trainers.learner.logprobs.response_logprobs`` on CUDA, where it applies)
 - ``weight_sync``  re-quantize all linear weights after an optimizer step (CUDA-graph replay)
 - ``adamw``        one grouped AdamW launch over many parameters that also records each weight's amax
 - ``batch_invariant`` strict alignment's kernels: a row's bits do not depend on the batch around it
