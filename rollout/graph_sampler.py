@@ -369,9 +369,11 @@ class GraphSampler(Sampler):
         lengths = st.out_len[:n].tolist()
         stopped = st.out_stop[:n].tolist()
         toks, logps = st.out_tok[:n].tolist(), st.out_logp[:n].tolist()
+        rows = st.out_logp[:n].clone()  # the buffer is the next call's: the learner gets its own copy
         return [Completion(prompt_ids=list(p), token_ids=toks[i][:lengths[i]], logprobs=logps[i][:lengths[i]],
                            finish_reason="stop" if stopped[i] else "length",
-                           extra={"sampling_backend": DRAW, "sampler": self.name})
+                           extra={"sampling_backend": DRAW, "sampler": self.name},
+                           logprob_row=rows[i, :lengths[i]])
                 for i, p in enumerate(prompts)]
 
     def _compact(self, st: _State, alive: torch.Tensor, nb: int) -> None:

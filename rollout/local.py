@@ -86,6 +86,9 @@ class Completion:
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token was sampled; it is included in token_ids) or "length"
     extra: dict = field(default_factory=dict)
+    #: the same log-probs as an fp32 tensor on the sampler's device (a sampler that keeps them there sets it): the
+    #: learner's batch takes its values from here, so they do not go through Python floats on their way back
+    logprob_row: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
 
 class Sampler(abc.ABC):

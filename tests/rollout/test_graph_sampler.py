@@ -81,6 +81,19 @@ def test_engine_qwen3_real_tokenizer(tiny_model):
     _compare(LocalSampler(model, tok).generate(prompts, p), GraphSampler(model, tok).generate(prompts, p), 1e-5)
 
 
+def test_completions_carry_their_log_probs_as_rows_of_their_own():
+    """Each completion's ``logprob_row`` holds its ``logprobs`` as fp32 (the learner's batch reads it), in memory
+    of its own: the next call, which reuses the engine's buffers, leaves it unchanged."""
+    model, tok = _tiny("qwen3")
+    eng = GraphSampler(model, tok)
+    first = eng.generate(_prompts(512), SamplingParams(max_new_tokens=8, seed=1))
+    kept = [c.logprob_row.clone() for c in first]
+    eng.generate(_prompts(512), SamplingParams(max_new_tokens=8, seed=2))
+    for c, k in zip(first, kept):
+        assert c.logprob_row.dtype == torch.float32 and c.logprob_row.tolist() == c.logprobs
+        assert torch.equal(c.logprob_row, k)
+
+
 def test_early_stops_compact_through_every_bucket():
     """Rows stop at different tokens; checking every token compacts 8 -> 4 -> 2 -> 1 and the results still
     equal the loop's (which drops finished rows at once)."""

@@ -1,4 +1,5 @@
-"""Micro-batches by rows and by a token budget (``trainers.learner.batch.micro_batches``)."""
+"""Micro-batches by rows and by a token budget (``trainers.learner.batch.micro_batches``); the batch built from
+the sampler's device rows equals the one built from its lists (``collate``)."""
 from __future__ import annotations
 
 import torch
@@ -54,3 +55,29 @@ def test_partition_invariants(lens, max_rows, max_tokens, rnd):
         assert 1 <= g.numel() <= max_rows
         if g.numel() > 1:
             assert _padded(b, g) <= max_tokens
+
+
+def test_collate_takes_the_device_rows_and_equals_the_lists():
+    """Completions that carry their log-probs as tensors (``Completion.logprob_row``) give the same batch, bit for
+    bit, as their Python lists; one completion without a row, or a row of another length, sends the whole batch
+    back to the lists."""
+    g = torch.Generator().manual_seed(0)
+    lens = (3, 0, 5, 1)
+    rows = [-torch.rand(n, generator=g) * 7 for n in lens]
+    plain = [Completion(prompt_ids=[5] * (i + 1), token_ids=[7] * n, logprobs=r.tolist(), finish_reason="length")
+             for i, (n, r) in enumerate(zip(lens, rows))]
+    with_rows = [Completion(c.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, logprob_row=r)
+                 for c, r in zip(plain, rows)]
+    a, b = collate(plain, pad_id=0), collate(with_rows, pad_id=0)
+    for name in ("input_ids", "attention_mask", "response_mask", "sampler_logp"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert b.sampler_logp[2, :5].tolist() == rows[2].tolist() and b.sampler_logp[1].abs().sum() == 0
+    # a row whose values differ from the list shows which source the batch took
+    marked = [Completion(c.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, logprob_row=r - 1)
+              for c, r in zip(plain, rows)]
+    assert torch.equal(collate(marked, pad_id=0).sampler_logp, a.sampler_logp - a.response_mask)
+    marked[0] = plain[0]
+    assert torch.equal(collate(marked, pad_id=0).sampler_logp, a.sampler_logp)
+    marked[0] = Completion(*plain[0].__dict__.values())
+    marked[0].logprob_row = rows[0][:2]
+    assert torch.equal(collate(marked, pad_id=0).sampler_logp, a.sampler_logp)

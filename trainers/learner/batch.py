@@ -1,4 +1,8 @@
-"""Pack sampler completions into the learner's padded layout (verl's: left-padded prompt | right-padded response)."""
+"""Pack sampler completions into the learner's padded layout (verl's: left-padded prompt | right-padded response).
+
+The sampler's log-probs come from the completions' device rows (``Completion.logprob_row``, set by the CUDA-graph
+sampler) where every completion has one, so on a GPU they go from the sampler's buffer to the learner's batch
+without a round trip through Python floats; otherwise from the ``logprobs`` lists (the same fp32 values)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,7 +69,10 @@ def collate(completions: list[Completion], pad_id: int, device: torch.device | s
     ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     am = torch.zeros((B, P + R), dtype=torch.long)
     rm = torch.zeros((B, R), dtype=torch.float32)
-    lp = torch.zeros((B, R), dtype=torch.float32)
+    rows = _device_rows(completions)
+    lp = None if rows is None else _pad_rows(rows, R).to(device)
+    if lp is None:
+        lp = torch.zeros((B, R), dtype=torch.float32)
     for i, c in enumerate(completions):
         n, m = len(c.prompt_ids), len(c.token_ids)
         ids[i, P - n:P] = torch.tensor(c.prompt_ids)
@@ -74,5 +81,23 @@ def collate(completions: list[Completion], pad_id: int, device: torch.device | s
             ids[i, P:P + m] = torch.tensor(c.token_ids)
             am[i, P:P + m] = 1
             rm[i, :m] = 1
-            lp[i, :m] = torch.tensor(c.logprobs, dtype=torch.float32)
+            if rows is None:
+                lp[i, :m] = torch.tensor(c.logprobs, dtype=torch.float32)
     return RolloutBatch(ids.to(device), am.to(device), rm.to(device), lp.to(device), P)
+
+
+def _device_rows(completions: list[Completion]) -> list[torch.Tensor] | None:
+    """Every completion's ``logprob_row`` where all have one, of their lengths, on one device; else None (the
+    batch then takes the Python lists)."""
+    rows = [c.logprob_row for c in completions]
+    if any(r is None or r.shape != (len(c.token_ids),) for r, c in zip(rows, completions)):
+        return None
+    return rows if len({r.device for r in rows}) == 1 else None
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[B, width] fp32: row i holds ``rows[i]`` then zeros (on the rows' device, one copy per row)."""
+    out = rows[0].new_zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, :r.numel()] = r
+    return out
