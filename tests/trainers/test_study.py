@@ -108,7 +108,7 @@ def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path, monke
     base = cfg.root / "step0" / "only-bf16-arm"
     base.mkdir(parents=True)
     (base / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": 0.1}}}))
-    monkeypatch.setattr(study, "step0_args", lambda c, arm: (base, []) if arm == "bf16" else None)
+    monkeypatch.setattr(study.results, "step0_args", lambda c, arm: (base, []) if arm == "bf16" else None)
     s = summarize(cfg, {"bf16": 20, "triage_bf16": 20})
     bf = s["arms"]["bf16"]
     assert bf["eval_step0"] == pytest.approx(0.1) and s["arms"]["triage_bf16"]["eval_step0"] is None
@@ -189,7 +189,7 @@ def test_a_run_the_time_limit_reaches_after_its_last_step_is_not_reported_stoppe
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return {name: None for name, _, _ in jobs}
 
-    monkeypatch.setattr(study, "_run_all", fake_run_all)
+    monkeypatch.setattr(study.runner, "_run_all", fake_run_all)
     s = study.run_study(cfg, say=lambda m: None, train_seconds=1)
     assert [(r["seed"], r["complete"]) for r in s["runs"]] == [(0, True), (1, False)]
     assert s["stopped"] == ["bf16/seed1"] and s["failed"] == []
@@ -245,7 +245,7 @@ def test_time_limit_lets_runs_save_their_step_then_kills_the_stragglers(tmp_path
 
     from trainers import study
 
-    monkeypatch.setattr(study, "STOP_GRACE_S", 3.0)
+    monkeypatch.setattr(study.runner, "STOP_GRACE_S", 3.0)
     graceful = ("import signal, sys, time, pathlib\n"
                 "def bye(*_):\n    time.sleep(0.5); pathlib.Path(sys.argv[1]).write_text('saved'); sys.exit(143)\n"
                 "signal.signal(signal.SIGTERM, bye)\ntime.sleep(60)\n")

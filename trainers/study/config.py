@@ -1,0 +1,198 @@
+"""The study file: :class:`StudyConfig` and its :class:`EvalSpec`, read and checked up front
+(:func:`load_study`), and the trainer arguments each run of the grid gets (:func:`train_args`)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StudyError(ValueError):
+    """A bad study file or override; the message names the key and the valid values."""
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    tasks: str = "arithmetic"
+    temperature: float = 0.0
+    max_new_tokens: int = 64
+    samples: int = 1
+    limit: int | None = None
+    seed: int = 0
+    batch_size: int = 32  # sequences per generation batch
+    # > 0: every run also evaluates itself every N steps and after its last (the trainer's eval.every, in
+    # <run>/eval/step_<N>): every run at the same steps, by its own sampler, without loading a checkpoint
+    every: int = 0
+    # also evaluate the untrained model, once per distinct eval setting (sampler precision, dtype, ...): the
+    # baseline every arm's checkpoints are read against, in <output_dir>/step0/
+    step0: bool = True
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    name: str
+    output_dir: str
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+    parallel: int = 1
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: EvalSpec | None = field(default_factory=EvalSpec)
+    steps_at: tuple[int, ...] = ()
+    window: int = 10
+    # the arm every other is compared against at equal steps (trainers/compare.py); None: no comparison
+    baseline: str | None = None
+
+    @property
+    def root(self) -> pathlib.Path:
+        return pathlib.Path(self.output_dir)
+
+    def run_dir(self, arm: str, seed: int) -> pathlib.Path:
+        return self.root / arm / f"seed{seed}"
+
+
+def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfig:
+    """Read the study YAML, apply ``key=value`` overrides (OmegaConf dotlist), validate everything up front."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise StudyError(f"study file {str(p)!r} does not exist")
+    try:
+        tree = OmegaConf.to_container(OmegaConf.merge(_with_defaults(p), OmegaConf.from_dotlist(list(overrides))))
+    except (OmegaConfBaseException, ValueError) as e:
+        raise StudyError(f"{p}: cannot parse the study or its overrides ({e})") from None
+    if not isinstance(tree, dict):
+        raise StudyError(f"{p}: expected a mapping at the top level")
+    known = {f.name for f in dataclasses.fields(StudyConfig)}
+    unknown = sorted(set(tree) - known)
+    if unknown:
+        raise StudyError(f"{p}: unknown key(s) {unknown}; valid: {sorted(known)}")
+    for key in ("name", "output_dir", "arms"):
+        if key not in tree:
+            raise StudyError(f"{p}: {key!r} is required")
+    return _build(tree, p)
+
+
+def _with_defaults(p: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()):
+    """The study file merged over the studies its ``defaults: [name, ...]`` names (files ``<name>.yaml`` beside
+    it, themselves resolved the same way; later ones and the file itself win; lists are replaced, not joined)."""
+    from omegaconf import OmegaConf
+
+    if p.resolve() in seen:
+        raise StudyError(f"{p}: defaults form a cycle ({' -> '.join(str(s) for s in (*seen, p))})")
+    own = OmegaConf.load(p)
+    names = own.pop("defaults", None) or []
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise StudyError(f"{p}: defaults must be a list of study names (files beside it), got {names!r}")
+    parts = []
+    for name in names:
+        base = p.parent / f"{name}.yaml"
+        if not base.is_file():
+            have = sorted(f.stem for f in p.parent.glob("*.yaml") if f != p)
+            raise StudyError(f"{p}: defaults: no study {name!r} beside it; valid: {', '.join(have)}")
+        parts.append(_with_defaults(base, (*seen, p.resolve())))
+    return OmegaConf.merge(*parts, own)
+
+
+def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
+    from trainers.config import flatten, list_recipes
+
+    recipes = list_recipes()
+    arms = tree["arms"]
+    if isinstance(arms, str) or not isinstance(arms, list) or not arms:
+        raise StudyError(f"{p}: arms must be a non-empty list of training recipes; valid: {', '.join(recipes)}")
+    bad = [a for a in arms if a not in recipes]
+    if bad:
+        raise StudyError(f"{p}: arms {bad} are not training recipes; valid: {', '.join(recipes)}")
+    if len(set(arms)) != len(arms):
+        raise StudyError(f"{p}: an arm is listed twice in {arms}")
+    seeds = tree.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                            for s in seeds) or len(set(seeds)) != len(seeds):
+        raise StudyError(f"{p}: seeds must be a non-empty list of distinct integers, got {seeds!r}")
+    parallel = tree.get("parallel", 1)
+    if not isinstance(parallel, int) or parallel < 1:
+        raise StudyError(f"{p}: parallel must be an integer >= 1, got {parallel!r}")
+    train = flatten(tree.get("train") or {})
+    reserved = sorted(k for k in train if k in ("recipe", "trainer.seed", "trainer.output_dir"))
+    if reserved:
+        raise StudyError(f"{p}: train.{reserved[0]} is set by the study for each run (arms, seeds, output_dir)")
+    in_eval = sorted(k for k in train if k.startswith("eval."))
+    if in_eval:
+        raise StudyError(f"{p}: train.{in_eval[0]}: a study's held-out eval is its `eval` section (eval.every "
+                         "evaluates inside the runs), so that every run and the untrained model use the same one")
+    ev = tree.get("eval", {})
+    if ev is None:
+        eval_spec = None
+    else:
+        try:
+            eval_spec = EvalSpec(**ev)
+        except TypeError as e:
+            raise StudyError(f"{p}: eval: {e}; valid keys: "
+                             f"{[f.name for f in dataclasses.fields(EvalSpec)]}") from None
+    steps_at = tree.get("steps_at") or []
+    window = tree.get("window", 10)
+    if not isinstance(window, int) or window < 1:
+        raise StudyError(f"{p}: window must be an integer >= 1, got {window!r}")
+    baseline = tree.get("baseline")
+    if baseline is not None and baseline not in arms:
+        from minite_util.choices import did_you_mean
+
+        raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(arms)}"
+                         f"{did_you_mean(str(baseline), arms)}")
+    cfg = StudyConfig(name=str(tree["name"]), output_dir=str(tree["output_dir"]), arms=tuple(arms),
+                      seeds=tuple(seeds), parallel=parallel, train=train, eval=eval_spec,
+                      steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline)
+    _check_train_overrides(cfg, p)
+    return cfg
+
+
+def _check_train_overrides(cfg: StudyConfig, p: pathlib.Path) -> None:
+    """Build every run's trainer config now, so a bad key fails before the first run starts."""
+    from trainers.config import ConfigError, load_config
+
+    for arm in cfg.arms:
+        try:
+            load_config(train_args(cfg, arm, cfg.seeds[0]))
+        except ConfigError as e:
+            raise StudyError(f"{p}: arm {arm}: {e}") from None
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
+
+
+def study_threads(parallel: int) -> int:
+    """CPU threads per run: the cores shared evenly between the ``parallel`` runs that go at once."""
+    return max(1, (os.cpu_count() or 1) // parallel)
+
+
+def train_args(cfg: StudyConfig, arm: str, seed: int) -> list[str]:
+    args = [f"recipe={arm}", f"trainer.seed={seed}", f"trainer.output_dir={cfg.run_dir(arm, seed)}"]
+    if "trainer.cpu_threads" not in cfg.train:
+        # fixed by the study, not left to the trainer's load check: a run started right after another sees that
+        # run's load average and would drop to 1 thread, and CPU results depend on the thread count
+        args.append(f"trainer.cpu_threads={study_threads(cfg.parallel)}")
+    args += [f"{k}={_value(v)}" for k, v in cfg.train.items()]
+    e = cfg.eval
+    if e is not None and e.every:  # the same held-out eval as the checkpoints' `eval run`, inside the run
+        args += [f"eval.every={e.every}", f"eval.tasks={_value(e.tasks.split(','))}", f"eval.samples={e.samples}",
+                 f"eval.temperature={e.temperature}", f"eval.max_new_tokens={e.max_new_tokens}",
+                 f"eval.seed={e.seed}", f"eval.batch_size={e.batch_size}", f"eval.limit={_value(e.limit)}"]
+    return args
+
+
+def max_steps(cfg: StudyConfig, arm: str) -> int:
+    from trainers.config import load_config
+
+    return load_config(train_args(cfg, arm, cfg.seeds[0])).trainer.max_steps
+
+
+def _config_dict(cfg: StudyConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["arms"], d["seeds"], d["steps_at"] = list(cfg.arms), list(cfg.seeds), list(cfg.steps_at)
+    return d

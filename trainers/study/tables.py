@@ -1,0 +1,140 @@
+"""A study's outputs: table.md, summary.json and the figures (:func:`write_outputs`), and the closing
+text the command prints (:func:`table`, :func:`where`)."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from minite_util.fileio import atomic_write_text
+from trainers.study.config import StudyConfig, train_args
+from trainers.study.results import _metric_order, read_metrics
+
+
+def _cell(a: dict | None, fmt: str) -> str:
+    if a is None:
+        return "n/a"
+    s = format(a["mean"], fmt)
+    return s + (f" ± {format(a['std'], fmt)}" if a["n"] > 1 else "")
+
+
+def table(summary: dict) -> str:
+    arms = summary["arms"]
+    first = next(iter(arms.values()))
+    reward_cols = [k for k in first if k.startswith("reward@")]
+    head = (["arm", "seeds", "steps"] + [f"reward {k.split('@')[1]}" for k in reward_cols] +
+            ["held-out acc", "mean abs δ", "q05 δ", "gated tokens", "gate grad shift", "repair loss", "step s"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, a in arms.items():
+        st = a.get("steps")
+        steps = "n/a" if st is None else (f"{st['min']:.0f}" if st["min"] == st["max"] else
+                                          f"{st['min']:.0f}-{st['max']:.0f}")
+        cells = [arm, str(a["seeds"]), steps] + [_cell(a.get(k), ".3f") for k in reward_cols]
+        cells += [_cell(a.get("eval_accuracy"), ".3f"), _cell(a.get("abs_gap_mean"), ".3g"),
+                  _cell(a.get("gap_q05"), ".3g"), _cell(a.get("gated_token_frac"), ".3g"),
+                  _cell(a.get("gate_grad_shift"), ".3g"), _cell(a.get("repair_loss"), ".3g"),
+                  _cell(a.get("step_s"), ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    w = summary["config"]["window"]
+    lines.append(f"\nMean ± sample std over seeds; steps: the steps the runs reached. Reward: mean of `reward/mean` over the {w} steps ending at the "
+                 "step. Held-out accuracy: the eval of each run's highest evaluated step, by its own sampler precision "
+                 "(in the run with eval.every, else an `eval run` of its checkpoint; the steps can differ between "
+                 "runs: the table below compares them at equal steps). "
+                 "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
+                 "repair loss: means over all steps; step s: median step time.")
+    steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})
+    step0 = any(a.get("eval_step0") is not None for a in arms.values())
+    # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
+    if len(steps) + step0 > 1:
+        lines += ["", ("Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds; "
+                       "step 0: the untrained model under the arm's precision):"), "",
+                  "| arm | " + " | ".join(f"step {k}" for k in [0] * step0 + steps) + " |",
+                  "|" + "---|" * (len(steps) + step0 + 1)]
+        for arm, a in arms.items():
+            got = {int(k): v for k, v in a.get("eval_by_step", {}).items()}
+            cells = [f"{_cell(got[k], '.3f')} (n={got[k]['n']})" if got.get(k) else "-" for k in steps]
+            if step0:
+                acc = a.get("eval_step0")
+                cells.insert(0, "-" if acc is None else f"{acc:.3f} (untrained)")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if summary.get("vs_baseline"):
+        lines += comparison_table(summary["vs_baseline"])
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(vs: dict) -> list[str]:
+    """The "against the baseline" section of table.md: one row per arm, one column per compared metric."""
+    keys = sorted({k for cmp in vs["arms"].values() for k in cmp}, key=_metric_order)
+    if not keys:
+        return []
+    names = {"eval": "held-out", "reward": "reward"}
+    head = ["arm"] + [f"{names.get(k.split('@')[0], k.split('@')[0])} {k.split('@')[1]}" for k in keys]
+    from trainers.compare import min_p
+
+    n_a, n_b = max((tuple(c["n"]) for cmp in vs["arms"].values() for c in cmp.values() if c), key=sum)
+    note = (f"Against `{vs['baseline']}` at equal steps: difference of the seed means ± its Welch standard error, "
+            f"and the exact two-sided permutation p-value over the seeds (`trainers/compare.py`; with {n_a} against "
+            f"{n_b} seeds the smallest possible p is {min_p(n_a, n_b):.2f}):")
+    lines = ["", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, cmp in vs["arms"].items():
+        cells = [arm]
+        for k in keys:
+            c = cmp.get(k)
+            if c is None:
+                cells.append("-")
+                continue
+            cell = f"{c['diff']:+.3f}" + (f" ± {c['se']:.3f}" if c["se"] is not None else "")
+            cells.append(cell + (f" (p {c['p']:.2f})" if c["p"] is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_outputs(cfg: StudyConfig, summary: dict) -> None:
+    from trainers.plots import HELDOUT, plot_groups
+
+    atomic_write_text(cfg.root / "summary.json", json.dumps(_clean(summary), indent=1) + "\n")
+    atomic_write_text(cfg.root / "table.md", f"# Study `{cfg.name}`\n\n" + table(summary))
+    groups = {arm: [cfg.run_dir(arm, s) for s in cfg.seeds if read_metrics(cfg.run_dir(arm, s))] for arm in cfg.arms}
+    groups = {k: v for k, v in groups.items() if v}
+    if groups:
+        plot_groups(groups, cfg.root / "reward.png", cfg.window, title=f"{cfg.name}: reward", panels=1)
+        plot_groups(groups, cfg.root / "panels.png", cfg.window, title=cfg.name)
+        if any("val/average" in r for runs in groups.values() for run in runs for r in read_metrics(run)):
+            plot_groups(groups, cfg.root / "heldout.png", 1, title=f"{cfg.name}: held-out accuracy",
+                        panels=HELDOUT)
+
+
+def where(cfg: StudyConfig) -> str:
+    """Each run's closing summary (``trainers.summary``: reward first to last, the gap, TRIAGE's gate, where its
+    files are, the eval to run next), then where the study's own table and figures are."""
+    from trainers.checkpoint import latest_checkpoint
+    from trainers.config import load_config
+    from trainers.losses import loss_mode
+    from trainers.summary import run_summary
+
+    out = []
+    for arm in cfg.arms:
+        for seed in cfg.seeds:
+            run = cfg.run_dir(arm, seed)
+            rows = read_metrics(run)
+            if not rows:
+                continue
+            ckpt = latest_checkpoint(run / "checkpoints")
+            curves = run / "curves.png"
+            mode = loss_mode(load_config(train_args(cfg, arm, seed)).algorithm.loss_mode)
+            out.append(f"[{arm}/seed{seed}] " + run_summary(
+                run, rows, str(ckpt) if ckpt else "", curves if curves.is_file() else None, triage=mode.reports_gate))
+    out.append(f"[study] table: {cfg.root / 'table.md'}   figures: {cfg.root / 'reward.png'}, "
+               f"{cfg.root / 'panels.png'}   summary: {cfg.root / 'summary.json'}")
+    return "\n".join(out)
+
+
+def _clean(o: Any) -> Any:
+    """NaN and inf become null, so that summary.json is strict JSON."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
