@@ -18,8 +18,8 @@ weight side is TE's exact semantics (``QS``, with the per-tensor factor in the e
 differs from the learner's dequantized-weight GEMM ``X̂ Ŵᵀ`` (Ŵ = bf16(q · fp32(s · a · fl(1/2688)))) by Ŵ's
 per-element BF16 rounding and the output roundings: ``|ΔY| <= 2^-8 Σ_k |X̂ Ŵ| + 2^-7 |Y|`` (a relative L2
 difference of about 3e-3 on random data), plus ``2^-8 Σ_k |X̂ Ŵ|`` with a bias (both round the product before
-adding it, which matters where the bias cancels the product). The tests check that bound, and bit-equality with the pure-PyTorch
-reference :func:`fp4w_linear_reference` wherever one term is summed.
+adding it, which matters where the bias cancels the product). The tests check that bound, and bit-equality with
+the pure-PyTorch reference :func:`fp4w_linear_reference` wherever one term is summed.
 
 **The program.** Swap-AB: weight rows are the MMA's M dimension (64-256 per program), activation rows its N
 dimension, and split-K fills the SMs for short N. Codes, scales and X̂ reach shared memory by asynchronous copies
@@ -445,8 +445,8 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
     [M, N]. ``SWAP_AB``: the accumulator is [BLOCK_N, BLOCK_M], weight rows first, and the decoded weight is the
     MMA's register operand (one MMA and its wait per 64 weight rows and K step of 16); otherwise the accumulator is
     [BLOCK_M, BLOCK_N] and the decoded tile goes through shared memory as the MMA's second operand (one store of
-    the tile, then the step's MMAs issued back to back). Groups past N and rows past M are clamped to 0 for the loads (no masks in the K loop) and left out of
-    the stores."""
+    the tile, then the step's MMAs issued back to back). Groups past N and rows past M are clamped to 0 for the
+    loads (no masks in the K loop) and left out of the stores."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
