@@ -1,9 +1,14 @@
 """Which precision recipe a run gets: explicit name > ``$MINITE_RECIPE`` > :data:`DEFAULT_RECIPE`, and the
 ``DISABLE_BACKWARD_QUANT=1`` backward bypass (report §4.3, §7.2). Standard library only.
+
+A recipe is given by name (looked up in the registry), as a :class:`PrecisionRecipe`, or as its fields: a mapping,
+or a JSON object as the name or as ``$MINITE_RECIPE`` (``json.dumps(recipe.to_dict())``; how ``engine=verl`` hands
+its workers the recipe the driver resolved, so that a recipe registered only in the driver works there too).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
@@ -19,8 +24,18 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _from_fields(value, where: str) -> PrecisionRecipe:
+    """A recipe from its fields: a mapping, or a JSON object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RecipeError(f"recipe{where} starts like a JSON object but is not one: {e}") from None
+    return PrecisionRecipe.from_dict(dict(value))
+
+
 def resolve_recipe(
-    name: str | PrecisionRecipe | None = None, *, env: Mapping[str, str] | None = None
+    name: str | PrecisionRecipe | Mapping | None = None, *, env: Mapping[str, str] | None = None
 ) -> tuple[PrecisionRecipe, str]:
     """Resolve a recipe and say where it came from: ``"explicit"``, ``"env:MINITE_RECIPE"`` or ``"default"``.
 
@@ -29,6 +44,10 @@ def resolve_recipe(
     env = os.environ if env is None else env
     if isinstance(name, PrecisionRecipe):
         recipe, source = name, "explicit"
+    elif isinstance(name, Mapping) or (isinstance(name, str) and name.lstrip().startswith("{")):
+        recipe, source = _from_fields(name, ""), "explicit"
+    elif name is None and env.get(ENV_RECIPE, "").lstrip().startswith("{"):
+        recipe, source = _from_fields(env[ENV_RECIPE], f" (from ${ENV_RECIPE})"), f"env:{ENV_RECIPE}"
     else:
         if name is not None:
             source = "explicit"

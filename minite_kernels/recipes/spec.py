@@ -1,5 +1,9 @@
 """Precision recipe types: :class:`OperandSpec`, :class:`GemmSpec`, :class:`PrecisionRecipe`, their vocabularies
 (formats, scalings, tiles, GEMMs and operand roles) and :class:`RecipeError`. Standard library only.
+
+Each type has ``to_dict`` and its inverse ``from_dict`` (``from_dict(r.to_dict()) == r``), so a recipe can be
+written as plain data (YAML, JSON) and travel whole to another process: ``engine=verl`` hands its workers the
+resolved recipe's fields, not a name they would have to look up in their own registry.
 """
 
 from __future__ import annotations
@@ -121,6 +125,10 @@ class OperandSpec:
         d["tile"] = list(self.tile) if self.tile else None
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> OperandSpec:
+        return cls(**_fields(cls, d, "OperandSpec"))
+
 
 BF16 = OperandSpec("bf16")
 
@@ -141,6 +149,11 @@ class GemmSpec:
 
     def to_dict(self) -> dict:
         return {"a": self.a.to_dict(), "b": self.b.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GemmSpec:
+        kw = _fields(cls, d, "GemmSpec")
+        return cls(**{k: OperandSpec.from_dict(v) for k, v in kw.items()})
 
 
 BF16_GEMM = GemmSpec(BF16, BF16)
@@ -266,4 +279,25 @@ class PrecisionRecipe:
             "forward_precision": self.forward_precision,
             "backward_precision": self.backward_precision,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PrecisionRecipe:
+        """The recipe ``to_dict`` wrote (its derived ``forward_precision`` / ``backward_precision`` are ignored);
+        missing fields take their defaults, unknown ones raise."""
+        kw = _fields(cls, d, "PrecisionRecipe", derived=("forward_precision", "backward_precision"))
+        for g in GEMMS:
+            if g in kw:
+                kw[g] = GemmSpec.from_dict(kw[g])
+        return cls(**kw)
+
+
+def _fields(cls, d, what: str, derived: tuple[str, ...] = ()) -> dict:
+    """``d``'s items that are fields of dataclass ``cls`` (a mapping; unknown keys other than ``derived`` raise)."""
+    if not isinstance(d, dict):
+        raise RecipeError(f"{what} takes a mapping of its fields, got {type(d).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(names) - set(derived))
+    if unknown:
+        raise RecipeError(f"{what} has no field {unknown[0]!r}; {_valid(unknown[0], names)}")
+    return {k: v for k, v in d.items() if k in names}
 

@@ -210,3 +210,40 @@ def test_to_dict_is_json_ready():
 
     d = R.get_qlinear_params("nvfp4_per_token", env={}).to_dict()
     assert json.loads(json.dumps(d))["fprop"]["b"]["tile"] == [16, 16]
+
+
+def test_recipes_round_trip_through_their_fields_and_json():
+    """``from_dict(to_dict(r)) == r`` for every registered recipe and its backward bypass, through JSON too; the
+    derived summaries are ignored, unknown or bad fields raise naming them, missing ones take their defaults."""
+    import json
+
+    from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
+
+    for r in R.list_recipes():
+        for recipe in (r, r.with_backward_bypass()):
+            assert PrecisionRecipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+    assert PrecisionRecipe.from_dict({"name": "plain"}) == PrecisionRecipe("plain")
+    assert GemmSpec.from_dict({"a": {"format": "nvfp4"}}) == GemmSpec(OperandSpec("nvfp4"))
+    with pytest.raises(RecipeError, match="OperandSpec has no field 'fromat'.*did you mean 'format'"):
+        PrecisionRecipe.from_dict({"name": "x", "fprop": {"a": {"fromat": "nvfp4"}}})
+    with pytest.raises(RecipeError, match="OperandSpec.tile=\\(4, 4\\) is invalid"):
+        OperandSpec.from_dict({"format": "nvfp4", "tile": [4, 4]})
+    with pytest.raises(RecipeError, match="GemmSpec takes a mapping of its fields, got list"):
+        GemmSpec.from_dict([1])
+
+
+def test_a_recipe_given_by_its_fields_resolves_to_that_object():
+    """A mapping, or a JSON object as the name or in ``$MINITE_RECIPE``, resolves to the recipe those fields
+    describe, registered or not; ``DISABLE_BACKWARD_QUANT`` still applies; a broken JSON object says so."""
+    import dataclasses
+    import json
+
+    custom = dataclasses.replace(R.get_qlinear_params("nvfp4_per_token"), name="not_registered")
+    fields = json.dumps(custom.to_dict())
+    assert R.resolve_recipe(custom.to_dict(), env={}) == (custom, "explicit")
+    assert R.resolve_recipe(fields, env={}) == (custom, "explicit")
+    assert R.resolve_recipe(None, env={"MINITE_RECIPE": fields}) == (custom, "env:MINITE_RECIPE")
+    bypass = R.resolve_recipe(None, env={"MINITE_RECIPE": fields, "DISABLE_BACKWARD_QUANT": "1"})[0]
+    assert bypass == custom.with_backward_bypass()
+    with pytest.raises(RecipeError, match=r"recipe \(from \$MINITE_RECIPE\) starts like a JSON object but is not"):
+        R.resolve_recipe(None, env={"MINITE_RECIPE": "{name: 1}"})

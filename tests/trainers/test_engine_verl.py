@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 pytest.importorskip("verl")
 
+from minite_kernels.recipes import PrecisionRecipe, get_qlinear_params
 from trainers.config import ConfigError, load_config
 from trainers.engines import verl as engine
 from trainers.engines import verl_patch
@@ -106,7 +109,10 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     assert c.reward.custom_reward_function.path == "pkg://trainers.engines.verl_patch"
     assert c.reward.custom_reward_function.name == "compute_score"
     env = c.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.MINITE_RECIPE == "nvfp4_per_token_w1x16_bf16_bwd" == env.MINITE_SAMPLER_RECIPE
+    assert env.MINITE_SAMPLER_RECIPE == "nvfp4_per_token_w1x16_bf16_bwd"
+    # the learner recipe travels as its fields, which rebuild the very object the driver resolved
+    sent = PrecisionRecipe.from_dict(json.loads(env.MINITE_RECIPE))
+    assert sent == get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd")
     assert all(isinstance(v, str) for v in env.values())
     assert a.actor.fsdp_config.qat.enable is True and a.actor.fsdp_config.qat.mode == "w4a16"
     assert a.rollout.qat.enable is True  # vLLM's quant config follows the actor's (interpolation)
@@ -424,3 +430,27 @@ def test_dry_run_writes_data_and_overrides(tmp_path, capsys):
 
     assert from_yaml_file(run / "config.yaml") == cfg  # the resolved config round-trips
     assert not [p for p in run.rglob("*.tmp")]  # atomic writes left no temp files
+
+
+def test_a_recipe_only_the_driver_knows_reaches_the_workers_whole(qwen3_tokenizer_dir, monkeypatch):
+    """The worker hook builds the recipe from the fields the driver sent (``resolved_recipe_fields``): a recipe
+    that no worker's registry holds patches the model as the driver's object would."""
+    from minite_kernels.modules import Linear
+    from minite_kernels.recipes import RecipeError
+    from rollout.models import tiny_random_qwen3
+
+    base = get_qlinear_params("nvfp4_per_token_bf16_bwd")
+    custom = dataclasses.replace(base, name="driver_only_recipe", description="registered nowhere")
+    with pytest.raises(RecipeError, match="unknown precision recipe 'driver_only_recipe'"):
+        get_qlinear_params("driver_only_recipe")
+    fields = json.dumps(custom.to_dict())
+    assert engine.resolved_recipe_fields("bf16") == "bf16"
+    assert PrecisionRecipe.from_dict(json.loads(engine.resolved_recipe_fields("nvfp4_per_token_bf16_bwd"))) == base
+    monkeypatch.setenv(verl_patch.ENV_RECIPE, fields)
+    monkeypatch.setenv(verl_patch.ENV_BACKEND, "emulated")
+    monkeypatch.delenv(verl_patch.ENV_SAMPLER_RECIPE, raising=False)
+    assert verl_patch.recipe_label(verl_patch.learner_recipe()) == "driver_only_recipe"
+    module = verl_patch.quantize_hf_module(tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)[0])
+    assert getattr(module, "_minite_verl_patched") == "driver_only_recipe"
+    recipes = {m.recipe for m in module.modules() if isinstance(m, Linear)}
+    assert recipes == {custom}

@@ -21,7 +21,8 @@ What the translation does (see ``build_verl_overrides``):
   point), or verl's ``vllm`` / ``sglang`` servers; all with ``logprobs_mode=processed_logprobs`` (log-probs after
   temperature, as the local engine).
 * Learner precision: ``actor_rollout_ref.model.external_lib=trainers.engines.verl_patch`` patches
-  ``FSDPEngine._build_module`` in every worker; the recipe travels as ``MINITE_RECIPE`` (plus
+  ``FSDPEngine._build_module`` in every worker; the recipe travels as ``MINITE_RECIPE`` (the resolved recipe's
+  fields as JSON, not its name, so each worker builds the driver's recipe object; plus
   ``MINITE_SAMPLER_RECIPE``, ``MINITE_EXCLUDE``, ``MINITE_BACKEND``) in
   ``+ray_kwargs.ray_init.runtime_env.env_vars``.
 * Sampler precision with ``verl.rollout=minite``: the sampler's model (its own copy, in each actor worker, in
@@ -130,6 +131,13 @@ def _recipe(name: str) -> Any:
 
 def resolved_recipe_name(name: str) -> str:
     return "bf16" if name == "bf16" else _recipe(name).name
+
+
+def resolved_recipe_fields(name: str) -> str:
+    """What the workers' ``$MINITE_RECIPE`` carries: ``bf16``, or the resolved recipe's fields as JSON (its
+    ``to_dict``), so that each worker builds the very recipe the driver resolved, custom recipes registered only in
+    the driver included, instead of looking a name up in its own registry."""
+    return "bf16" if name == "bf16" else json.dumps(_recipe(name).to_dict(), sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +251,7 @@ def worker_env(cfg: Config) -> dict[str, str]:
     from trainers.engines.verl_patch import ENV_BACKEND, ENV_EXCLUDE, ENV_RECIPE, ENV_SAMPLER_RECIPE
 
     env = {
-        ENV_RECIPE: resolved_recipe_name(cfg.precision.learner),
+        ENV_RECIPE: resolved_recipe_fields(cfg.precision.learner),
         ENV_SAMPLER_RECIPE: resolved_recipe_name(cfg.precision.sampler),
         ENV_EXCLUDE: ",".join(cfg.precision.exclude),
         ENV_BACKEND: cfg.precision.backend,

@@ -16,7 +16,8 @@ Importing this module (``import_external_libs`` runs it in ``HFModelConfig.__pos
    ``$MINITE_RECIPE`` (report §4.3), while ``_qat_enabled`` still makes the weight sync pack NVFP4 W4A16.
 
 Environment (set by ``trainers.engines.verl`` through ``ray_kwargs.ray_init.runtime_env.env_vars``):
-``MINITE_RECIPE`` learner precision recipe (``bf16``/unset: no patching), ``MINITE_SAMPLER_RECIPE`` sampler
+``MINITE_RECIPE`` learner precision recipe (``bf16``/unset: no patching; a name, or the recipe's fields as JSON,
+which is what the driver sends so that each worker rebuilds the driver's recipe object), ``MINITE_SAMPLER_RECIPE`` sampler
 recipe (documentation + QAT decision), ``MINITE_EXCLUDE`` comma-separated module-name patterns left BF16,
 ``MINITE_BACKEND`` minite backend (default ``auto``), ``MINITE_PATCH_REF`` (``1`` also patches the ref
 engine),
@@ -39,6 +40,7 @@ multi-GPU FSDP2 run (no GPU, no vLLM on the development machines).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from typing import Any
@@ -59,10 +61,21 @@ def _truthy(v: str | None) -> bool:
 
 
 def learner_recipe(env: dict[str, str] | None = None) -> str | None:
-    """The learner recipe from ``$MINITE_RECIPE``; None means plain linears."""
+    """The learner recipe from ``$MINITE_RECIPE``: a name, or the recipe's fields as a JSON object (what the
+    driver sends, ``trainers.engines.verl.resolved_recipe_fields``); None means plain linears."""
     env = os.environ if env is None else env
     name = (env.get(ENV_RECIPE) or "").strip()
     return None if name.lower() in NO_PATCH else name
+
+
+def recipe_label(recipe: str | None) -> str:
+    """A recipe's name for messages: the name itself, or the ``name`` field of its JSON fields."""
+    if recipe and recipe.startswith("{"):
+        try:
+            return str(json.loads(recipe).get("name", "?"))
+        except (ValueError, AttributeError):
+            return "?"
+    return recipe or "bf16"
 
 
 def quantize_hf_module(module: Any, *, forward_only: bool = False, env: dict[str, str] | None = None) -> Any:
@@ -85,7 +98,7 @@ def quantize_hf_module(module: Any, *, forward_only: bool = False, env: dict[str
 
     exclude = [p.strip() for p in (env.get(ENV_EXCLUDE) or "").split(",") if p.strip()] or None
     report = quantize_model(module, recipe, exclude=exclude, backend=(env.get(ENV_BACKEND) or "auto"))
-    setattr(module, _MARK, recipe)
+    setattr(module, _MARK, report.recipe)
     swapped = len(report.swapped)
     logger.warning(
         "minite: quantized %d linears with recipe %s (coverage %.1f%% of linear params, backend %s, "
@@ -124,7 +137,7 @@ def wrap_engine_class(cls: type) -> bool:
                     "minite: verl QAT is on only to pack NVFP4 weights for vLLM (sampler recipe %s); "
                     "learner linears keep recipe %s instead of verl's QATLinear",
                     os.environ.get(ENV_SAMPLER_RECIPE),
-                    learner_recipe() or "bf16",
+                    recipe_label(learner_recipe()),
                 )
                 return module
             return original_qat(self, module, *args, **kwargs)
@@ -142,7 +155,7 @@ def install() -> bool:
     if patched:
         logger.warning(
             "minite: FSDPEngine._build_module wrapped (learner recipe %s, sampler recipe %s)",
-            learner_recipe() or "bf16",
+            recipe_label(learner_recipe()),
             os.environ.get(ENV_SAMPLER_RECIPE) or "bf16",
         )
     return patched
