@@ -80,6 +80,7 @@ def test_overrides_grammar():
     (["eval.every=-1"], r"eval.every=-1 must be >= 0"),
     (["eval.batch_size=0"], r"eval.batch_size=0 must be > 0"),
     (["eval.every=5", "engine=verl"], r"eval.every=5 runs on engine=local"),
+    (["trainer.logprob_kernel=triton"], r"trainer.logprob_kernel='triton' is not valid.*'auto', 'torch'"),
 ])
 def test_bad_config_errors(args, match):
     with pytest.raises(ConfigError, match=match):

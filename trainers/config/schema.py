@@ -150,6 +150,10 @@ class TrainerConfig:
     seed: int = 0
     keep_checkpoints: int = 2
     logprob_chunk_size: int = 256
+    # engine=local, the learner's head statistics: auto takes the fused Triton kernel on CUDA where it computes the
+    # same function (about 3x faster; ~1.5 GB more peak memory at 4B for its fp32 head gradient); torch: always the
+    # chunked PyTorch path (trainers/learner/logprobs.py)
+    logprob_kernel: Literal["auto", "torch"] = "auto"
     max_consecutive_nan: int = 3
     save_final: bool = True
     log_samples: int = 2  # responses per step appended to <output_dir>/samples.jsonl (0 = off)
