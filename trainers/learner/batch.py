@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from rollout.local import Completion
 
@@ -96,8 +97,6 @@ def _device_rows(completions: list[Completion]) -> list[torch.Tensor] | None:
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """[B, width] fp32: row i holds ``rows[i]`` then zeros (on the rows' device, one copy per row)."""
-    out = rows[0].new_zeros((len(rows), width), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, :r.numel()] = r
-    return out
+    """[B, width] fp32: row i holds ``rows[i]`` then zeros, on the rows' device (``width`` >= the longest)."""
+    out = pad_sequence([r.float() for r in rows], batch_first=True)
+    return torch.nn.functional.pad(out, (0, width - out.shape[1]))
