@@ -31,18 +31,18 @@ import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from timing import gpu_us  # noqa: E402  (scripts/ is on sys.path when run as a script)
+sys.path.insert(0, str(REPO / "scripts"))
+from timing import gpu_us  # noqa: E402
 
 from minite_kernels.backends.triton import fp4w as F  # noqa: E402
 from rollout.models import qwen3_projections  # noqa: E402
 
 #: (BLOCK_N, BLOCK_K, warps, stages, swap_ab) tried by --sweep, each with every power-of-two split-K up to
-#: MAX_SPLIT that leaves each split two K steps: large tiles with deep pipelines, and small ones with few stages
-#: that let several programs share an SM (at tens of rows one program waits on each of its MMAs)
-SWEEP = ((128, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 128, 8, 2, True), (256, 128, 8, 2, True),
-         (64, 128, 4, 4, True), (64, 128, 4, 2, True), (64, 64, 4, 3, True), (64, 64, 4, 2, True),
-         (128, 64, 4, 3, True), (128, 128, 4, 3, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
-         (128, 64, 4, 3, False), (256, 64, 8, 3, False))
+#: MAX_SPLIT that leaves each split two K steps. These are the configurations within 10% of the best on some
+#: 4B / 8B projection at 16 or 64 rows in a wider sweep (BLOCK_N up to 256, 8 warps with 2-3 stages, the other
+#: operand order: benchmarks/RESULTS.md), where one warpgroup with a deep pipeline won everywhere
+SWEEP = ((64, 128, 4, 4, True), (128, 64, 4, 4, True), (64, 128, 4, 2, True), (64, 256, 4, 3, True),
+         (128, 128, 4, 4, True), (64, 64, 4, 4, True), (128, 128, 8, 4, True))
 MAX_SPLIT = 16
 
 
@@ -80,6 +80,32 @@ def _configs(n: int, k: int, only: str = "") -> dict[str, F.FP4WConfig]:
     return out
 
 
+_CONFIG_REPR = re.compile(r"^FP4WConfig\((.*)\)$")
+
+
+def parse_config(text: str) -> F.FP4WConfig:
+    """The inverse of ``repr(FP4WConfig(...))`` (keyword arguments of ints, None and booleans)."""
+    m = _CONFIG_REPR.match(text.strip())
+    if m is None:
+        raise ValueError(f"not an FP4WConfig repr: {text!r}")
+    kw = dict(item.split("=") for item in m.group(1).split(", "))
+    lit = {"None": None, "True": True, "False": False}
+    return F.FP4WConfig(**{key: lit[v] if v in lit else int(v) for key, v in kw.items()})
+
+
+def table_from_lines(lines: list[str]) -> dict:
+    """``best[(n, k)][bucket]`` from swept fp4w_shape records: the best configuration, or None where cuBLAS was
+    faster."""
+    best: dict = {}
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("bench") != "fp4w_shape" or "best" not in rec:
+            continue
+        cfg = parse_config(rec["best"]) if rec["best_us"] < rec["mm_us"] else None
+        best.setdefault((rec["N"], rec["K"]), {})[F.m_bucket(rec["batch"])] = cfg
+    return best
+
+
 def write_table(best: dict) -> None:
     """Rewrite the TABLE block of fp4w.py with ``best[(n, k)][bucket] = config or None``; shapes and row buckets
     not measured now keep their entries."""
@@ -107,7 +133,12 @@ def main() -> int:
     p.add_argument("--rep", type=int, default=40, help="milliseconds of replays per timing")
     p.add_argument("--cold-mb", type=int, default=160, help="distinct weight bytes per graph (BF16 copies)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--table-from", default=None, help="rewrite fp4w.TABLE from the fp4w_shape lines of an "
+                   "earlier --sweep's JSON lines file, measuring nothing")
     a = p.parse_args()
+    if a.table_from:
+        write_table(table_from_lines(pathlib.Path(a.table_from).read_text().splitlines()))
+        return 0
 
     def emit(rec: dict) -> None:
         line = json.dumps(rec)
@@ -159,6 +190,8 @@ def main() -> int:
                             best_cfg, best_us = c, sweep[key]
                     rec["sweep_us"], rec["best"], rec["best_us"] = sweep, repr(best_cfg), best_us
                     best_table.setdefault((n, k), {})[F.m_bucket(b)] = best_cfg if best_us < rec["mm_us"] else None
+                    if a.write_table:  # after every shape, so that a run stopped part-way keeps what it measured
+                        write_table(best_table)
                 chosen[(name, b)] = best_cfg
                 rec["speedup_vs_mm"] = rec["mm_us"] / best_us
                 rec["fp4w_floor_frac"] = (n * k * 0.5625 / bw) * 1e6 / best_us

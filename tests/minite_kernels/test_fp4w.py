@@ -432,3 +432,66 @@ def test_gpu_inside_a_cuda_graph_follows_new_weights():
     graph.replay()
     want = mod.fp4w_linear(x, pk2, None, cfg)
     assert torch.equal(y, want) and not torch.equal(y, want.neg())
+
+
+#: the kernel's run-time arguments as the launcher passes them (pointers 16-byte aligned, as torch allocates)
+_KERNEL_TYPES = {
+    "x_ptr": "*bf16",
+    "codes_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "gain_ptr": "*fp32",
+    "bias_ptr": "*bf16",
+    "y_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "cnt_ptr": "*i32",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "stride_xm": "i32",
+}
+
+
+def _tabled_launches():
+    """Each distinct (configuration, K, activation rows per program) of the table at its buckets' row counts."""
+    F = _mod()
+    seen = {}
+    for (n, k), row in F.TABLE.items():
+        for m, cfg in row.items():
+            if cfg is None:
+                continue
+            bk = cfg.block_k if k % cfg.block_k == 0 else 64
+            key = (cfg, k, F._block_m(cfg, m, bk), bk)
+            seen.setdefault(key, f"{n}x{k}@{m}")
+    seen.setdefault((F.DEFAULT_CONFIG, 1024, 16, 128), "default@16")
+    return sorted(seen.items(), key=lambda kv: kv[1])
+
+
+@pytest.mark.parametrize("launch", [key for key, _ in _tabled_launches()], ids=[i for _, i in _tabled_launches()])
+def test_compiled_mmas_stay_asynchronous(launch):
+    """Compiled for sm_90 without a GPU: ptxas keeps the register-operand MMAs asynchronous for every tabled
+    launch. With the K loop's trip count a run-time value it serialized them (advisory C7515), putting a wait
+    after every MMA, so decode and MMA never overlapped."""
+    from minite_kernels.backends.triton.offline import compile_offline, ptxas_messages
+
+    cfg, k, bm, bk = launch
+    split = cfg.split or 4
+    constexprs = dict(
+        K_PER_SPLIT=k // split,
+        HAS_BIAS=False,
+        SPLIT=split,
+        BLOCK_M=bm,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=bk,
+        SWAP_AB=cfg.swap_ab,
+        INTERP=False,
+    )
+    asm = compile_offline(
+        _mod()._fp4w_kernel,
+        _KERNEL_TYPES,
+        constexprs,
+        warps=cfg.num_warps,
+        stages=cfg.num_stages,
+        divisible_by_16=("N", "K", "stride_xm"),
+    )
+    assert "wgmma.mma_async" in asm["ptx"]
+    assert ptxas_messages(asm["ptx"]) == []

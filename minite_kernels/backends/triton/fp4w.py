@@ -25,10 +25,11 @@ the pure-PyTorch reference :func:`fp4w_linear_reference` wherever one term is su
 dimension, and split-K fills the SMs for short N. Codes, scales and X̂ reach shared memory by asynchronous copies
 that Triton pipelines over the K loop; each thread then reads its own 16-byte runs of codes, decodes them with a
 few integer instructions (inline PTX) straight into the register fragments of the Hopper MMA (``wgmma`` with the
-weight as its register operand), so the weight crosses HBM packed and never exists in BF16 in memory. Triton
-waits for each such MMA before decoding the next fragment, so one program alternates integer work and MMA; at
-tens of rows the configuration table makes up for it with several programs per SM (small tiles, few stages,
-split-K). The other operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared memory once
+weight as its register operand), so the weight crosses HBM packed and never exists in BF16 in memory. The K
+loop's trip count is a compile-time constant (``K_PER_SPLIT``, one compilation per K and split): with a run-time
+count ptxas serializes these register-operand MMAs (its advisory C7515; the code waits after every MMA), with a
+constant one they stay asynchronous, so the MMAs of one K step run while the next fragments decode. The other
+operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared memory once
 per K step and issues that step's MMAs back to back; the table picks between them by measurement.
 
 **The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
@@ -205,16 +206,20 @@ class FP4WConfig:
 TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
     (1024, 2048): {64: None},
     (1024, 3072): {64: None},
+    (2048, 2048): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
+    (2048, 6144): {64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
     (2560, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
-    (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4, swap_ab=True)},
+    (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
     (4096, 1024): {64: None},
-    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
-    (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=128, split=4, num_warps=8, num_stages=4, swap_ab=True)},
+    (4096, 2048): {16: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True), 64: None},
+    (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True)},
+    (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
     (6144, 1024): {64: None},
-    (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
-    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=2, swap_ab=True)},
-    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=2, swap_ab=True)},
-    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=64, split=2, num_warps=4, num_stages=3, swap_ab=True)},
+    (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True)},
+    (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True)},
+    (12288, 2048): {64: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True)},
+    (19456, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=64, split=2, num_warps=4, num_stages=4, swap_ab=True)},
+    (24576, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=128, block_k=64, split=2, num_warps=4, num_stages=4, swap_ab=True)},
 }
 # END TABLE
 # fmt: on
@@ -223,8 +228,8 @@ DEFAULT_CONFIG = FP4WConfig()
 
 #: the activation-row buckets of the table (a row count takes the smallest bucket that holds it)
 M_BUCKETS = (8, 16, 32, 64, 128, 256)
-#: the most rows at which a shape missing from the table takes the FP4 kernel: every measured shape was faster
-#: at 16 rows, and 2 of 8 were slower at 64 (``benchmarks/RESULTS.md``)
+#: the most rows at which a shape missing from the table takes the FP4 kernel: each of the 10 projections measured
+#: at 16 rows was faster there, and 3 of the 12 measured at 64 rows were slower (``benchmarks/RESULTS.md``)
 UNMEASURED_MAX_ROWS = 16
 
 
@@ -437,13 +442,13 @@ def _decode(c, sc, NR: tl.constexpr, KT: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
-                 K_PER_SPLIT, stride_xm, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 stride_xm, K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
                  INTERP: tl.constexpr):  # fmt: skip
     """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N/16, 8K] and
     ``scales`` u8 [N/16, K] in the layout of :func:`pack_codes` / :func:`pack_scales`, ``gain`` fp32 [N], ``y`` BF16
     [M, N]. ``SWAP_AB``: the accumulator is [BLOCK_N, BLOCK_M], weight rows first, and the decoded weight is the
-    MMA's register operand (one MMA and its wait per 64 weight rows and K step of 16); otherwise the accumulator is
+    MMA's register operand (one asynchronous MMA per 64 weight rows and K step of 16); otherwise the accumulator is
     [BLOCK_M, BLOCK_N] and the decoded tile goes through shared memory as the MMA's second operand (one store of
     the tile, then the step's MMAs issued back to back). Groups past N and rows past M are clamped to 0 for the
     loads (no masks in the K loop) and left out of the stores."""
@@ -600,8 +605,8 @@ def fp4w_linear(
         m,
         n,
         k,
-        k // s,
         x_hat.stride(0),
+        K_PER_SPLIT=k // s,
         HAS_BIAS=bias is not None,
         SPLIT=s,
         BLOCK_M=bm,

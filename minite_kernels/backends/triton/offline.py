@@ -53,13 +53,14 @@ def compile_offline(
     constexprs: dict[str, object],
     *,
     warps: int = 4,
+    stages: int | None = None,
     arch: int = 90,
     divisible_by_16: Iterable[str] = (),
 ) -> dict:
     """``kernel``'s compiled artefacts (``ttgir``, ``ptx``, ``cubin``, ...) for CUDA compute capability
     ``arch``. Arguments missing from ``types`` are constexprs (a constexpr missing from ``constexprs`` takes
     the kernel's default); pointers are specialized as 16-byte aligned, and so are the integer arguments
-    named in ``divisible_by_16``."""
+    named in ``divisible_by_16``; ``stages``: the pipeline depth (default: Triton's)."""
     import inspect
 
     import triton
@@ -79,8 +80,28 @@ def compile_offline(
         constexprs={(names.index(n),): v for n, v in constexprs.items()},
         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in div16},
     )
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    options = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return dict(compiled.asm, shared=getattr(compiled.metadata, "shared", None))
+
+
+def ptxas_messages(ptx: str, arch: int = 90) -> list[str]:
+    """What Triton's bundled ``ptxas -v`` says about ``ptx`` for ``sm_{arch}a`` beyond the usual resource lines:
+    its performance advisories, e.g. C7515 when it serializes the asynchronous MMAs (``wgmma``) that Triton
+    pipelined, which the compiled code shows only as a wait after every MMA."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(d, "k.cubin")]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    return [line for line in log.splitlines() if "Potential Performance Loss" in line]
 
 
 def ops_in_loop(ttgir: str, op: str) -> int:
@@ -147,4 +168,5 @@ __all__ = [
     "moving_conversions_in_loop",
     "ops_in_loop",
     "pair_constexprs",
+    "ptxas_messages",
 ]
