@@ -102,9 +102,9 @@ class GraphSampler(Sampler):
     ``norm_quant``: with packed NVFP4 groups, make each group's X̂ in the launch of the op before it
     (``minite_kernels.backends.triton.norm_quant``: residual add + RMSNorm, or the SiLU product for the down
     projection, + the lane's activation quantizer) instead of that op's launch and a quantizer launch; the
-    down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). Off by default:
-    X̂ is checked bit for bit under the interpreter and the kernels compile offline for sm_90, but they have
-    not been timed on a GPU.
+    down projections' Ŵ is then kept as a one-module group (``describe()["packed_bytes"]``). "auto": on where
+    the engine holds FP4-weight groups (``fp4_weights``), whose down projections are one-module groups anyway.
+    False by default here; the trainer's and ``make_sampler``'s default is "auto".
     ``fp4_weights``: "auto", True or False: packed NVFP4 groups (and then the o and down projections) hold the
     NVFP4 bytes and run the FP4-weight GEMM (``packed.py``, ``minite_kernels.backends.triton.fp4w``), where its
     measured table prefers it ("auto") or wherever it runs (True); False keeps the BF16 Ŵ copies.
@@ -115,7 +115,7 @@ class GraphSampler(Sampler):
 
     def __init__(self, model, tokenizer, *, batch_size: int | None = None, graphs: bool | str = "auto",
                  fused: bool | str = "auto", attention: str = "auto", pack: bool = True,
-                 check_every: int = 8, alignment: str = "default", norm_quant: bool = False,
+                 check_every: int = 8, alignment: str = "default", norm_quant: bool | str = False,
                  fp4_weights: bool | str = "auto") -> None:
         for name, v in (("graphs", graphs), ("fused", fused)):
             if v not in ("auto", True, False):
@@ -137,16 +137,19 @@ class GraphSampler(Sampler):
         use_fused = fused is True or (fused == "auto" and cuda and self.view.unfusable is None)
         self.fused = ("compiled" if cuda else "eager") if use_fused else "off"
         self._fns = functions(compile_=cuda) if use_fused else None
-        self._packed = (PackedLinears(self.view, down=bool(norm_quant), fp4=fp4_weights)
+        if norm_quant not in ("auto", True, False):
+            raise ValueError(f"norm_quant must be 'auto', True or False, got {norm_quant!r}")
+        self._packed = (PackedLinears(self.view, down=norm_quant is True, fp4=fp4_weights)
                         if use_fused and pack else None)
         if self._packed is not None and not self._packed.any:
             self._packed = None
-        if norm_quant not in (True, False):
-            raise ValueError(f"norm_quant must be True or False, got {norm_quant!r}")
-        if norm_quant and (self._packed is None or not self._packed.quantized_groups):
+        if norm_quant is True and (self._packed is None or not self._packed.quantized_groups):
             raise ValueError("norm_quant=True quantizes the input of packed NVFP4 groups, and this engine has none "
                              "(it needs fused functions, pack=True and a model on minite's NVFP4 fast lane)")
-        self.norm_quant = bool(norm_quant)
+        # auto: on where the engine holds FP4-weight groups (there the down projections are one-module FP4 groups
+        # already, so it keeps no extra copy; measured faster at the 4B and 8B shapes, benchmarks/RESULTS.md)
+        self.norm_quant = norm_quant is True or (
+            norm_quant == "auto" and self._packed is not None and self._packed.fp4_groups > 0)
         if attention == "auto":
             attention = "triton" if cuda and attn.triton is not None else "sdpa"
         if attention == "strict" and alignment != "strict":

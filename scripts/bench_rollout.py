@@ -10,8 +10,10 @@ Variants (``--variants``, comma-separated):
   bf16 / with ``nvfp4_per_token_bf16_bwd`` linears (minite's Triton backend on CUDA);
 - ``graph-sdpa_*``: the engine with SDPA attention (a boolean mask over length buckets) instead of the
   Triton decode-attention kernel; ``graph-nopack_*``: without packed q/k/v and gate/up GEMMs;
-  ``graph-nq_nvfp4``: the packed NVFP4 groups' X̂ made by the norm before them (``norm_quant=True``);
-  ``graph_nvfp4`` runs the FP4-weight GEMM where its table prefers it (``fp4_weights="auto"``);
+  ``graph-nq_nvfp4``: the packed NVFP4 groups' X̂ made by the norm before them (``norm_quant=True``),
+  ``graph-nonq_nvfp4`` never (``False``); ``graph_nvfp4`` takes the trainer's default, ``norm_quant="auto"``
+  (on where the engine holds FP4-weight groups), and runs the FP4-weight GEMM where its table prefers it
+  (``fp4_weights="auto"``);
   ``graph-fp4_nvfp4`` on every NVFP4 projection (``True``); ``graph-deqw_nvfp4`` on none (``False``: cuBLAS on
   the BF16 dequantized weights, the path before the FP4-weight GEMM);
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
@@ -51,8 +53,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from profile_table import profiled
 
 VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-fp4_nvfp4", "graph-deqw_nvfp4", "graph-sdpa_bf16",
-            "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
-            "hf_static_nvfp4")
+            "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4", "graph-nonq_nvfp4",
+            "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16", "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 
 
@@ -168,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         model, rep = model_for(prec)
         params = SamplingParams(max_new_tokens=T, seed=0)
         sampler = None
-        if kind in ("graph", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq", "eager"):
+        if kind in ("graph", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq", "graph-nonq",
+                    "eager"):
             fp4 = {"graph-fp4": True, "graph-deqw": False}.get(kind, "auto")
+            nq = {"graph-nq": True, "graph-nonq": False}.get(kind, "auto")
             sampler = GraphSampler(model, tok, graphs=kind != "eager", check_every=a.check_every,
                                    attention="sdpa" if kind == "graph-sdpa" else "auto",
-                                   pack=kind != "graph-nopack", norm_quant=kind == "graph-nq", fp4_weights=fp4)
+                                   pack=kind != "graph-nopack", norm_quant=nq, fp4_weights=fp4)
         elif kind == "loop":
             sampler = LocalSampler(model, tok)
         if sampler is not None:

@@ -173,7 +173,7 @@ def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
         rep = quantize_model(model, recipe, backend=a.backend)
         precision = {"recipe": rep.recipe, "patched": True, "backend": rep.backend,
                      "quantized_layers": len(rep.swapped), "coverage": rep.coverage}
-    sampler = make_sampler(model, tok, engine=a.sampler, norm_quant=a.norm_quant and precision["patched"],
+    sampler = make_sampler(model, tok, engine=a.sampler, norm_quant=a.norm_quant if precision["patched"] else "off",
                            fp4_weights=a.fp4_weights)
     if a.ignore_eos:
         sampler.default_stop_ids = ()
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None,
                     help="directory: after the timed steps, one more step with each phase under the profiler "
                          "(kernel tables in DIR/profile_<recipe>_<phase>.json, summaries in the JSON line)")
-    ap.add_argument("--norm-quant", action="store_true",
-                    help="the NVFP4 recipes' graph engine with norm_quant=True (the norm makes the packed projections' "
-                         "quantized activation operand)")
+    ap.add_argument("--norm-quant", default="auto", choices=("auto", "on", "off"),
+                    help="the NVFP4 recipes' graph engine's norm_quant, as the trainer's rollout.norm_quant (the norm "
+                         "makes the packed projections' quantized activation operand)")
     ap.add_argument("--shape", default="0.6b", help="Qwen3 shape of the random model (rollout.models.QWEN3_SHAPES)")
     ap.add_argument("--fp4-weights", default="auto", choices=("auto", "on", "off"),
                     help="the NVFP4 recipes' sampler: FP4-weight GEMMs where the table prefers them, everywhere, or "

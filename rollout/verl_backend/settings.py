@@ -19,7 +19,7 @@ from typing import Any
 
 from minite_util.choices import did_you_mean
 from rollout.local import ALIGNMENTS
-from rollout.select import ENGINES, FP4_WEIGHTS
+from rollout.select import ENGINES, FP4_WEIGHTS, NORM_QUANT
 
 ENGINE_KWARGS_KEY = "minite"
 OVERRIDE_PREFIX = f"actor_rollout_ref.rollout.engine_kwargs.{ENGINE_KWARGS_KEY}"
@@ -39,8 +39,9 @@ class MiniteRolloutSettings:
     sampler: str = "auto"
     #: rows per sampler batch (None: every queued request of one kind in one batch)
     batch_size: int | None = None
-    #: the graph engine's fused norm + NVFP4 activation quantizer (``rollout.graph_sampler``)
-    norm_quant: bool = False
+    #: auto | on | off (true / false read as on / off): the graph engine's fused norm + NVFP4 activation quantizer
+    #: (``rollout.graph_sampler``; auto: where it holds FP4-weight groups)
+    norm_quant: str = "auto"
     #: auto | on | off: the graph engine's FP4-weight GEMMs (``rollout.fp4_weights``, ``rollout.packed``)
     fp4_weights: str = "auto"
     #: how long the server gathers concurrent requests before it starts a batch (verl sends one request per
@@ -48,7 +49,10 @@ class MiniteRolloutSettings:
     batch_wait_ms: float = 20.0
 
     def __post_init__(self) -> None:
-        for name, choices in (("alignment", ALIGNMENTS), ("sampler", ENGINES), ("fp4_weights", tuple(FP4_WEIGHTS))):
+        if isinstance(self.norm_quant, bool):
+            object.__setattr__(self, "norm_quant", "on" if self.norm_quant else "off")
+        for name, choices in (("alignment", ALIGNMENTS), ("sampler", ENGINES), ("fp4_weights", tuple(FP4_WEIGHTS)),
+                              ("norm_quant", tuple(NORM_QUANT))):
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"minite rollout: {name}={value!r} is not valid{did_you_mean(value, choices)}; "
@@ -61,8 +65,6 @@ class MiniteRolloutSettings:
         object.__setattr__(self, "exclude", exclude)
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or int(self.batch_size) < 1):
             raise ValueError(f"minite rollout: batch_size={self.batch_size!r} must be >= 1 or null")
-        if not isinstance(self.norm_quant, bool):
-            raise TypeError(f"minite rollout: norm_quant={self.norm_quant!r} must be true or false")
         if float(self.batch_wait_ms) < 0:
             raise ValueError(f"minite rollout: batch_wait_ms={self.batch_wait_ms!r} must be >= 0")
 

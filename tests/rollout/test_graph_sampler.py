@@ -663,8 +663,34 @@ def test_norm_quant_needs_packed_nvfp4_groups():
     model, tok = _tiny("qwen3")
     with pytest.raises(ValueError, match="norm_quant=True quantizes the input of packed NVFP4 groups"):
         GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True)
-    with pytest.raises(ValueError, match="norm_quant must be True or False"):
+    with pytest.raises(ValueError, match="norm_quant must be 'auto', True or False"):
         GraphSampler(model, tok, graphs=False, fused=True, norm_quant="yes")
+    with pytest.raises(ValueError, match="unknown norm_quant 'yes'; valid: auto, on, off"):
+        make_sampler(model, tok, engine="graph", norm_quant="yes")
+    # auto on a bf16 model: nothing to quantize, so off (and no error)
+    assert GraphSampler(model, tok, graphs=False, fused=True, norm_quant="auto").describe()["norm_quant"] is False
+    assert make_sampler(model, tok, engine="graph").describe()["norm_quant"] is False
+
+
+@interp_only
+def test_interp_norm_quant_auto_follows_the_fp4_groups(monkeypatch):
+    """``norm_quant="auto"``: on where the engine holds FP4-weight groups, with no extra weight copy (their down
+    projections are one-module FP4 groups already), and sampling as the engine without it up to the norm's last
+    bit; off where the groups hold BF16 Ŵ copies."""
+    from minite_kernels import quantize_model
+    from minite_kernels.backends.triton import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
+    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
+    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    auto = GraphSampler(model, tok, graphs=False, fused=True, norm_quant="auto", fp4_weights=True)
+    off = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=False, fp4_weights=True)
+    deq = GraphSampler(model, tok, graphs=False, fused=True, norm_quant="auto", fp4_weights=False)
+    assert auto.describe()["norm_quant"] is True and deq.describe()["norm_quant"] is False
+    assert auto.describe()["packed_bytes"] == off.describe()["packed_bytes"]
+    prompts = _prompts(512)
+    p = SamplingParams(max_new_tokens=3, temperature=0.0)
+    _agree_up_to_first_difference(off.generate(prompts, p), auto.generate(prompts, p), atol=0.05)
 
 
 def _stop_scenario() -> list[dict]:

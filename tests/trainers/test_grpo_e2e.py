@@ -450,9 +450,9 @@ def test_norm_quant_where_it_cannot_run_is_a_config_error(tiny_model_dir, tmp_pa
     a BF16 model's graph engine, the run stops at set-up with the reason."""
     from trainers.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"rollout.norm_quant=true: .*CUDA-graph engine option"):
+    with pytest.raises(ConfigError, match=r"rollout.norm_quant=on: .*CUDA-graph engine option"):
         LocalTrainer(load_config([*_args(tiny_model_dir, tmp_path / "a"), "recipe=bf16",
                                   "rollout.norm_quant=true"])).setup()
-    with pytest.raises(ConfigError, match=r"rollout.norm_quant=true: .*packed NVFP4 groups"):
+    with pytest.raises(ConfigError, match=r"rollout.norm_quant=on: .*packed NVFP4 groups"):
         LocalTrainer(load_config([*_args(tiny_model_dir, tmp_path / "b"), "recipe=bf16", "rollout.norm_quant=true",
                                   "rollout.sampler=graph"])).setup()

@@ -79,9 +79,9 @@ class RolloutConfig:
     # graph: the engine everywhere (eager off CUDA); loop: the reference loop (rollout.local)
     sampler: Literal["auto", "graph", "loop"] = "auto"
     # the graph engine makes the NVFP4 projections' quantized activation in the launch of the op before them
-    # (the norm, the SiLU product: rollout.graph_sampler norm_quant); off by default: on the H200 its gain was
-    # within run-to-run noise (benchmarks/RESULTS.md)
-    norm_quant: bool = False
+    # (the norm, the SiLU product: rollout.graph_sampler norm_quant); auto: where the sampler holds FP4-weight
+    # groups (measured faster there at the 4B and 8B shapes; benchmarks/RESULTS.md); true / false read as on / off
+    norm_quant: Literal["auto", "on", "off"] = "auto"
     # the graph engine's NVFP4 projections read the packed NVFP4 weight (4.5 bits per value) through the
     # FP4-weight GEMM (minite_kernels.backends.triton.fp4w): auto where its measured table prefers it, on
     # wherever it runs, off keeps BF16 dequantized copies (rollout.packed)

@@ -73,9 +73,9 @@ class SetupMixin:
         except UnsupportedModel as e:
             raise ConfigError(f"rollout.sampler={cfg.rollout.sampler}: {e}") from None
         except ValueError as e:
-            if not cfg.rollout.norm_quant:
+            if cfg.rollout.norm_quant != "on":
                 raise
-            raise ConfigError(f"rollout.norm_quant=true: {e}") from None
+            raise ConfigError(f"rollout.norm_quant=on: {e}") from None
         self.schedule = PromptSchedule(self.examples, cfg.rollout.prompts_per_step, cfg.trainer.seed,
                                        cfg.data.shuffle)
         self._prompt_cache: dict[int, list[int]] = {}
