@@ -9,8 +9,10 @@
 #
 #   OUT=verl_e2e_out STEPS=20 bash scripts/verl_e2e.sh
 #
-# Needs: one CUDA GPU; torch, verl 0.9.1 and ray importable by $PY; this checkout (its verl.plugins entry points
-# register rollout.name=minite and the triage loss, so it is installed editable below). Steps run through
+# Needs: one CUDA GPU; torch, verl 0.9.1 and ray importable by $PY (on the lent machine, which reaches no package
+# index: scripts/device_wheels.py packs the wheels into parts carried one per call, and
+# scripts/device_wheels_install.sh installs them); this checkout (its verl.plugins entry points register
+# rollout.name=minite and the triage loss, so it is installed editable below, without build isolation: no index). Steps run through
 # device_common.sh's `step`: each has a time limit, its log in $OUT/NAME.log and a line in $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ if [ -e "$out/verl" ] || [ -e "$out/local" ]; then
 fi
 
 # 0. the entry points, and what the run needs, before anything long starts
-step install 600 $PY -m pip install -q --no-deps -e .
+step install 600 $PY -m pip install -q --no-deps --no-build-isolation -e .
 step preflight 300 $PY -c "
 import importlib.metadata as md, torch, ray, verl
 from verl.workers.rollout.base import get_rollout_class
