@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 
-def patch_precision(model: Any, recipe: str, *, exclude=(), backend: str = "auto", alignment: str = "default",
+def patch_precision(model: Any, recipe: str | Mapping[str, Any], *, exclude=(), backend: str = "auto", alignment: str = "default",
                     run_dir: pathlib.Path | None = None) -> dict[str, Any]:
-    """Patch ``model``'s linears in place with ``recipe`` (``auto``: minite's default); returns what was done.
+    """Patch ``model``'s linears in place with ``recipe`` (a name, ``auto``: minite's default, or a recipe's
+    fields, ``PrecisionRecipe.to_dict()``); returns what was done.
     ``run_dir``: where ``quantize_model`` records its layer report (None: nowhere)."""
     if recipe == "bf16":
         return {"recipe": "bf16", "patched": False, "note": "plain torch linears in the model's dtype"}

@@ -27,8 +27,10 @@ OVERRIDE_PREFIX = f"actor_rollout_ref.rollout.engine_kwargs.{ENGINE_KWARGS_KEY}"
 
 @dataclass(frozen=True)
 class MiniteRolloutSettings:
-    #: the sampler's precision recipe: ``bf16`` (plain linears in the rollout dtype) or a minite recipe name
-    recipe: str = "bf16"
+    #: the sampler's precision recipe: ``bf16`` (plain linears in the rollout dtype), a minite recipe name, or a
+    #: recipe's fields (``PrecisionRecipe.to_dict()``: what ``engine=verl`` sends, so that each rollout worker
+    #: builds the driver's recipe, one registered only in the driver included; kept as the normalised fields)
+    recipe: str | Mapping[str, Any] = "bf16"
     #: module-name patterns (glob or ``re:regex``) left in high precision; ``lm_head`` keeps the head unquantized
     exclude: tuple[str, ...] = ("lm_head",)
     #: minite backend: auto | emulated | triton | te | flashinfer | strict
@@ -57,8 +59,17 @@ class MiniteRolloutSettings:
             if value not in choices:
                 raise ValueError(f"minite rollout: {name}={value!r} is not valid{did_you_mean(value, choices)}; "
                                  f"valid choices: {', '.join(choices)}")
-        if not isinstance(self.recipe, str) or not self.recipe:
-            raise ValueError(f"minite rollout: recipe={self.recipe!r} must be 'bf16' or a minite recipe name")
+        if isinstance(self.recipe, Mapping):
+            from minite_kernels import PrecisionRecipe
+
+            try:
+                fields = PrecisionRecipe.from_dict(dict(self.recipe)).to_dict()
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"minite rollout: recipe fields: {e}") from None
+            object.__setattr__(self, "recipe", fields)
+        elif not isinstance(self.recipe, str) or not self.recipe:
+            raise ValueError(f"minite rollout: recipe={self.recipe!r} must be 'bf16', a minite recipe name or a "
+                             "recipe's fields (PrecisionRecipe.to_dict())")
         exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
         if not all(isinstance(e, str) for e in exclude):
             raise TypeError(f"minite rollout: exclude={list(exclude)!r} must list module-name patterns (strings)")
@@ -122,9 +133,9 @@ def _plain(values: Any) -> dict | None:
 
 
 def hydra_value(value: Any, *, quote: bool = False) -> str:
-    """A Hydra override value: literals for bools, numbers and null; lists in brackets; strings plain when they
-    are plain names (``quote``: always quoted), else quoted; Hydra reads a backslash as an escape only before a
-    quote or the closing quote, so only those are doubled and a regex arrives as written."""
+    """A Hydra override value: literals for bools, numbers and null; lists in brackets and mappings in braces;
+    strings plain when they are plain names (``quote``: always quoted), else quoted; Hydra reads a backslash as an
+    escape only before a quote or the closing quote, so only those are doubled and a regex arrives as written."""
     if quote:
         return _quoted(str(value))
     if value is None:
@@ -135,6 +146,8 @@ def hydra_value(value: Any, *, quote: bool = False) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     s = str(value)
     if re.fullmatch(r"[A-Za-z_][\w.\-/]*", s) and s not in ("null", "true", "false"):
         return s

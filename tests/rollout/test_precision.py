@@ -60,3 +60,21 @@ def test_bf16_leaves_the_model_alone():
     assert patch_precision(model, "bf16") == {"recipe": "bf16", "patched": False,
                                               "note": "plain torch linears in the model's dtype"}
     assert type(model[0]) is torch.nn.Linear
+
+
+def test_a_recipes_fields_patch_with_that_exact_recipe():
+    """What ``engine=verl`` sends its rollout workers: the fields of a recipe the worker never registered."""
+    import dataclasses
+
+    from minite_kernels.recipes import PrecisionRecipe, get_qlinear_params
+
+    custom = dataclasses.replace(get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd"), name="only_in_the_driver")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
+    rep = patch_precision(model, custom.to_dict())
+    assert rep["patched"] and rep["recipe"] == "only_in_the_driver" and rep["quantized_layers"] == 2
+    assert all(m.qlinear_params == custom for m in model)
+    with pytest.raises(ValueError, match="nvfp5"):
+        patch_precision(torch.nn.Sequential(torch.nn.Linear(32, 32)),
+                        {**custom.to_dict(), "fprop": {**custom.to_dict()["fprop"],
+                                                       "a": {**custom.to_dict()["fprop"]["a"], "format": "nvfp5"}}})
+    assert PrecisionRecipe.from_dict(custom.to_dict()) == custom

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import threading
 import types
 
@@ -85,6 +86,19 @@ def test_settings_travel_through_verls_config_and_refuse_bad_values():
         assert o.is_add()
         OmegaConf.update(conf, o.key_or_group, o.value(), force_add=True)
     assert MiniteRolloutSettings.from_rollout_config(conf.actor_rollout_ref.rollout) == s
+    # the recipe itself (its fields), as engine=verl sends it: the same recipe back in the worker, a custom one too
+    from minite_kernels import PrecisionRecipe, get_qlinear_params
+
+    custom = dataclasses.replace(get_qlinear_params(NVFP4), name="driver_only_custom")
+    s = MiniteRolloutSettings(recipe=custom.to_dict())
+    conf = OmegaConf.create({})
+    for item in s.overrides():
+        o = parser.parse_override(item)
+        OmegaConf.update(conf, o.key_or_group, o.value(), force_add=True)
+    back = MiniteRolloutSettings.from_rollout_config(conf.actor_rollout_ref.rollout)
+    assert back == s and PrecisionRecipe.from_dict(back.recipe) == custom
+    with pytest.raises(ValueError, match="minite rollout: recipe fields: OperandSpec.format='nvfp5' is unknown"):
+        MiniteRolloutSettings(recipe={**custom.to_dict(), "fprop": {"a": {"format": "nvfp5"}}})
     with pytest.raises(ValueError, match="did you mean 'batch_size'.*valid: recipe, exclude"):
         MiniteRolloutSettings.from_mapping({"batch_sise": 2})
     with pytest.raises(ValueError, match="alignment='strcit'.*valid choices: default, strict"):

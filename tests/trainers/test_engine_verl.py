@@ -154,7 +154,9 @@ def test_minite_rollout_is_the_default_and_passes_verl_validation(tmp_path):
     assert get_rollout_class(rc.name, rc.mode) is MiniteRollout
     settings = MiniteRolloutSettings.from_rollout_config(rc)
     assert settings == engine.minite_settings(cfg)
-    assert settings.recipe == "nvfp4_per_token_w1x16_bf16_bwd" and settings.batch_size == 32
+    # the sampler recipe travels as its fields, which rebuild the recipe the driver resolved
+    assert PrecisionRecipe.from_dict(settings.recipe) == get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd")
+    assert settings.batch_size == 32
     assert settings.exclude == ("lm_head", regex)  # a regex arrives as written
     assert c.ray_kwargs.ray_init.runtime_env.env_vars.MINITE_EXCLUDE == f"lm_head,{regex}"
     assert a.actor.fsdp_config.qat.enable is False  # the learner's linears stay minite's, no W4A16 packing
@@ -164,9 +166,9 @@ def test_minite_rollout_is_the_default_and_passes_verl_validation(tmp_path):
     assert plan.mode == "minite" and "nvfp4_per_token_w1x16_bf16_bwd" in plan.notes[0] and len(plan.notes) == 1
 
     split = engine.minite_settings(_cfg(tmp_path, "triage_rollout_nvfp4"))  # BF16 learner, NVFP4 sampler
-    assert split.recipe == "nvfp4_per_token_w1x16_bf16_bwd"
+    assert split.recipe["name"] == "nvfp4_per_token_w1x16_bf16_bwd"
     assert "differs from precision.learner=bf16" in engine.sampler_plan(_cfg(tmp_path, "triage_rollout_nvfp4")).notes[1]
-    assert engine.minite_settings(_cfg(tmp_path, "bf16")).recipe == "bf16"
+    assert engine.minite_settings(_cfg(tmp_path, "bf16")).recipe == "bf16"  # plain linears: no recipe object
     assert engine.minite_settings(_cfg(tmp_path, "bf16")).fp4_weights == "auto"
     assert engine.minite_settings(_cfg(tmp_path, "bf16", "rollout.fp4_weights=off")).fp4_weights == "off"
     with pytest.raises(ConfigError, match="one GPU per replica.*verl.rollout=vllm"):

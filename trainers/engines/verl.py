@@ -29,7 +29,7 @@ What the translation does (see ``build_verl_overrides``):
   BF16, the FSDP learner's forward dtype) is quantized with ``precision.sampler`` by ``quantize_model``, as the
   local engine's sampler copy is: W4A4 NVFP4 with the learner's quantizers for the NVFP4 recipes, plain BF16 for
   ``bf16``. The settings travel as a typed object, ``rollout.verl_backend.settings.MiniteRolloutSettings``, in
-  ``+actor_rollout_ref.rollout.engine_kwargs.minite.*`` (recipe, exclude, backend, alignment, and
+  ``+actor_rollout_ref.rollout.engine_kwargs.minite.*`` (the resolved recipe's fields, exclude, backend, alignment, and
   ``rollout.sampler`` / ``batch_size`` / ``norm_quant`` / ``fp4_weights``). verl's QAT stays off; each weight update writes the
   learner's full tensors into the sampler's parameters in place and re-quantizes them
   (``checkpoint_engine.backend=naive``). One GPU per replica (``verl.tensor_model_parallel_size=1``).
@@ -154,7 +154,8 @@ def minite_settings(cfg: Config) -> Any:
     from rollout.verl_backend.settings import MiniteRolloutSettings
 
     p, r = cfg.precision, cfg.rollout
-    return MiniteRolloutSettings(recipe=resolved_recipe_name(p.sampler), exclude=tuple(str(e) for e in p.exclude),
+    recipe = "bf16" if p.sampler == "bf16" else _recipe(p.sampler).to_dict()  # the recipe itself, not its name
+    return MiniteRolloutSettings(recipe=recipe, exclude=tuple(str(e) for e in p.exclude),
                                  backend=p.backend, alignment=p.alignment, sampler=r.sampler,
                                  batch_size=r.batch_size, norm_quant=r.norm_quant, fp4_weights=r.fp4_weights)
 
