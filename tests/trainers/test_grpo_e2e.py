@@ -456,3 +456,50 @@ def test_norm_quant_where_it_cannot_run_is_a_config_error(tiny_model_dir, tmp_pa
     with pytest.raises(ConfigError, match=r"rollout.norm_quant=on: .*packed NVFP4 groups"):
         LocalTrainer(load_config([*_args(tiny_model_dir, tmp_path / "b"), "recipe=bf16", "rollout.norm_quant=true",
                                   "rollout.sampler=graph"])).setup()
+
+
+def test_eval_precision_reads_the_policy_at_one_precision_next_to_its_own(tiny_model_dir, tmp_path):
+    """eval.precision=bf16: a BF16 learner with an NVFP4 sampler is also evaluated with plain linears, on its own
+    copy of the policy refreshed from the learner, into eval@bf16/ and val@bf16/*, leaving training and the run's
+    own eval as they are; a run whose sampler already is BF16 copies its own eval."""
+    split = ["recipe=bf16", "precision.sampler=nvfp4_per_token_w1x16_bf16_bwd", "trainer.max_steps=3",
+             "trainer.cpu_threads=1", "reward.fn=reward_helpers:length_reward", "eval.every=2",
+             "eval.tasks=[arithmetic]", "eval.limit=3", "eval.max_new_tokens=4"]
+    with_common, without = tmp_path / "common", tmp_path / "own"
+    run_local(load_config([*split, "eval.precision=bf16", *_args(tiny_model_dir, with_common)]))
+    run_local(load_config([*split, *_args(tiny_model_dir, without)]))
+    rows, plain = read_metrics(with_common), read_metrics(without)
+    assert [sorted(k for k in r if k.startswith("val@bf16/")) for r in rows] == [
+        [], *[["val@bf16/arithmetic", "val@bf16/average"]] * 2]
+    drop = ("val@", "timing/eval@")
+    assert _stable([{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows]) == _stable(plain)
+    own = json.loads((with_common / "eval" / "step_000003" / "results.json").read_text())
+    common = json.loads((with_common / "eval@bf16" / "step_000003" / "results.json").read_text())
+    assert own["protocol"]["precision"] == "nvfp4_per_token_w1x16_bf16_bwd"
+    assert common["protocol"]["precision"] == "none" and common["tasks"]["arithmetic"]["n"] == 3
+    assert rows[2]["val@bf16/arithmetic"] == common["tasks"]["arithmetic"]["mean"]
+
+    same = tmp_path / "bf16"  # the sampler is BF16 already: no second model, the own eval copied
+    run_local(load_config(["recipe=bf16", *split[2:], "eval.precision=bf16", *_args(tiny_model_dir, same)]))
+    rows = read_metrics(same)
+    assert rows[2]["val@bf16/arithmetic"] == rows[2]["val/arithmetic"]
+    assert (same / "eval@bf16" / "step_000002" / "samples.jsonl").read_bytes() == \
+        (same / "eval" / "step_000002" / "samples.jsonl").read_bytes()
+
+
+def test_the_common_eval_copy_follows_the_learner(tiny_model_dir, tmp_path):
+    """CommonEval.refresh copies the learner's updated parameters into the eval copy; before it, they differ."""
+    cfg = load_config(["recipe=bf16", "precision.sampler=nvfp4_per_token_w1x16_bf16_bwd", "trainer.max_steps=1",
+                       "trainer.cpu_threads=1", "reward.fn=reward_helpers:length_reward", "eval.every=1",
+                       "eval.precision=bf16", *_args(tiny_model_dir, tmp_path / "run")])
+    trainer = LocalTrainer(cfg)
+    trainer.setup()
+    assert trainer.common_eval is not None and not trainer.common_eval.precision["patched"]
+    learner = dict(trainer.model.named_parameters())
+    with torch.no_grad():  # as an optimizer step would
+        learner["model.layers.0.mlp.down_proj.weight"].add_(0.5)
+    copy_ = dict(trainer.common_eval.model.named_parameters())
+    assert any(not torch.equal(copy_[k], p) for k, p in learner.items())
+    trainer.common_eval.refresh(trainer.model)
+    assert all(torch.equal(copy_[k], p) for k, p in learner.items())
+    assert type(trainer.common_eval.model.model.layers[0].mlp.down_proj) is torch.nn.Linear  # plain linears

@@ -38,6 +38,8 @@ def test_bundled_studies_validate():
     ("name: a\noutput_dir: o\narms: [bf16]\ntrain: {optim.lr: abc}\n", "optim.lr"),
     ("name: a\noutput_dir: o\narms: [bf16]\neval: {tasks: arithmetic, colour: 1}\n", "eval"),
     ("name: a\noutput_dir: o\narms: [bf16, nvfp4]\nbaseline: nvfp5\n", "baseline 'nvfp5' is not one of the arms"),
+    ("name: a\noutput_dir: o\narms: [bf16]\neval: {precision: bf16}\n", "eval.precision=bf16 is evaluated inside"),
+    ("name: a\noutput_dir: o\narms: [bf16]\neval: {every: 2, precision: nvfp5}\n", "eval.precision='nvfp5'"),
 ])
 def test_bad_study_is_one_clear_error(tmp_path, body, needle):
     with pytest.raises(StudyError, match=needle):
@@ -108,7 +110,8 @@ def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path, monke
     base = cfg.root / "step0" / "only-bf16-arm"
     base.mkdir(parents=True)
     (base / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": 0.1}}}))
-    monkeypatch.setattr(study.results, "step0_args", lambda c, arm: (base, []) if arm == "bf16" else None)
+    monkeypatch.setattr(study.results, "step0_args",
+                        lambda c, arm, common=False: (base, []) if arm == "bf16" and not common else None)
     s = summarize(cfg, {"bf16": 20, "triage_bf16": 20})
     bf = s["arms"]["bf16"]
     assert bf["eval_step0"] == pytest.approx(0.1) and s["arms"]["triage_bf16"]["eval_step0"] is None
@@ -316,3 +319,37 @@ def test_a_failed_run_is_reported_with_its_error_line(tmp_path):
     assert status == {"arm/seed0": 3}
     assert any(m.startswith("FAILED (exit 3) arm/seed0 in ") and m.endswith(": error: model.device=cuda, no GPU")
                for m in said), said
+
+
+def test_one_eval_precision_for_every_arm_and_the_paired_comparison(tmp_path):
+    """eval.precision: the runs get it, the untrained model is evaluated under it once, and the summary pairs every
+    arm with the baseline seed by seed, under each run's own precision and under the common one."""
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
+                                      "arms: [rollout_nvfp4, bf16]\nseeds: [0, 1, 2]\nbaseline: bf16\n"
+                                      "train: {trainer.max_steps: 10}\n"
+                                      "eval: {every: 5, precision: bf16, limit: 4}\n"))
+    assert "eval.precision=bf16" in study.train_args(cfg, "rollout_nvfp4", 0)
+    own0, common0 = study.step0_args(cfg, "rollout_nvfp4"), study.step0_args(cfg, "rollout_nvfp4", common=True)
+    assert "--precision" in own0[1] and "--precision" not in common0[1] and common0[0].name.startswith("bf16-")
+    assert common0 == study.step0_args(cfg, "bf16", common=True)  # one untrained eval for every arm
+    # own precision: the NVFP4 sampler reads lower; at bf16 the rollout arm trails the baseline by 0.1 everywhere
+    accs = {"rollout_nvfp4": ({5: 0.1, 10: 0.2}, {5: 0.4, 10: 0.6}), "bf16": ({5: 0.5, 10: 0.7}, {5: 0.5, 10: 0.7})}
+    for arm, (own, common) in accs.items():
+        for seed in cfg.seeds:
+            run = cfg.run_dir(arm, seed)
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "reward/mean": 0.0}) + "\n")
+            for top, curve in (("eval", own), ("eval@bf16", common)):
+                for step, acc in curve.items():
+                    d = run / top / f"step_{step:06d}"
+                    d.mkdir(parents=True)
+                    (d / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc + 0.01 * seed}}}))
+    s = summarize(cfg, {"rollout_nvfp4": 10, "bf16": 10})
+    assert s["arms"]["rollout_nvfp4"]["eval_common_by_step"][10]["mean"] == pytest.approx(0.61)
+    p = s["paired"]["arms"]["rollout_nvfp4"]
+    assert p["own"]["auc"]["diff"] == pytest.approx(-0.45) and p["own"]["steps"] == [5, 10]
+    assert p["common"]["auc"]["diff"] == pytest.approx(-0.1) and p["common"]["last"]["diff"] == pytest.approx(-0.1)
+    assert p["common"]["seeds"] == [0, 1, 2] and p["common"]["auc"]["p"] == pytest.approx(0.25, abs=0.02)
+    md = table(s)
+    assert "every arm under one precision, `bf16`" in md and "| rollout_nvfp4 | 0.410 ± 0.010 (n=3) | 0.610" in md
+    assert "| rollout_nvfp4 | common | 3 | 5,10 | 0.510 | 0.610 | -0.100 [-0.100, -0.100]" in md

@@ -177,6 +177,10 @@ class EvalConfig:
     max_new_tokens: int = 256
     batch_size: int = 64  # sequences per generation batch
     seed: int = 0
+    # also evaluate the policy under this sampler precision (bf16 or a recipe name; lm_head kept high, default
+    # alignment) into <output_dir>/eval@<precision>/step_<N>/ and val@<precision>/<task>: every arm of a study read
+    # at one precision, next to its own (issue 40); null: only the run's own sampler
+    precision: str | None = None
 
 
 @dataclass(frozen=True)

@@ -200,9 +200,9 @@ def validate(cfg: Config) -> Config:
             "the sampler kept can fall outside the learner's (differently rounded) top-p set, giving an infinite "
             "gap (verl issue #6240). Use top_p=1, top_k=-1 (the RL default); the sampler supports truncation "
             "for evaluation.")
-    for side in ("learner", "sampler"):
-        name = getattr(cfg.precision, side)
-        if name in ("bf16", "auto"):
+    for key, name in (("precision.learner", cfg.precision.learner), ("precision.sampler", cfg.precision.sampler),
+                      ("eval.precision", cfg.eval.precision)):
+        if name in ("bf16", "auto", None):
             continue
         try:
             from minite_kernels.recipes import recipe_names
@@ -210,7 +210,7 @@ def validate(cfg: Config) -> Config:
             break
         valid = ["bf16", "auto"] + [n for n in recipe_names() if n != "bf16"]
         if name not in valid:
-            raise ConfigError(f"precision.{side}={name!r} is not a precision recipe{did_you_mean(name, valid)}; "
+            raise ConfigError(f"{key}={name!r} is not a precision recipe{did_you_mean(name, valid)}; "
                               "valid choices: "
                               + ", ".join(valid))
     if cfg.precision.alignment == "strict" and cfg.precision.learner != cfg.precision.sampler:
@@ -234,6 +234,9 @@ def validate(cfg: Config) -> Config:
             f"precision.alignment=strict runs the quantized linears as dequantized GEMMs, which the batch-invariant "
             f"kernels compute (backend strict: the Triton quantizer where it runs; emulated: pure PyTorch); got "
             f"precision.backend={cfg.precision.backend}. Valid with strict: auto, strict, emulated")
+    if cfg.eval.precision is not None and not cfg.eval.every:
+        raise ConfigError(f"eval.precision={cfg.eval.precision} adds an eval to the run's own (eval.every), which "
+                          "is 0: set eval.every=N, or eval.precision=null")
     if cfg.eval.every:
         from eval.task import get_task, task_names
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.controlled import stats
+from trainers import stats
 from trainers.controlled.mismatch import Draws, Mismatch, sample, sampler_table
 from trainers.controlled.policy import EnsembleMLP
 from trainers.controlled.task import ChainTask

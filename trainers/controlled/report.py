@@ -18,7 +18,7 @@ import pathlib
 import numpy as np
 
 from minite_util.fileio import atomic_path, atomic_write_json, atomic_write_text
-from trainers.controlled import stats
+from trainers import stats
 from trainers.controlled.arms import CORRECTED, PAIRS, learning_runs
 from trainers.controlled.config import ARMS, ControlledConfig
 from trainers.palette import LABELS, colour

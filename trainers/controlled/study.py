@@ -12,7 +12,7 @@ the same settings (its fingerprint), so the same command finishes an interrupted
      for every mismatch (each kind at the study's magnitude and at its ``gradient.sweep`` magnitudes), the
      ``none``, ``tis`` and ``triage`` estimates from one shared mismatched batch;
    - per arm: the cosine to ``g*`` per seed, the bias of the mean and its debiased value, the relative MSE; per
-     pair of arms, the paired difference (``trainers.controlled.stats``).
+     pair of arms, the paired difference (``trainers.stats``).
 3. ``learning/<kind>_<arm>.json``: ``learning.seeds`` GRPO runs from scratch per (mismatch, arm), plus one set
    of on-policy runs; the learner's exact expected reward per seed every ``learning.eval_every`` steps
    (``trainers.controlled.learning``), with checkpoints in ``learning/<kind>_<arm>.pt``.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from minite_util.fileio import atomic_path, atomic_write_json
-from trainers.controlled import stats
+from trainers import stats
 from trainers.controlled.arms import CORRECTED, PAIRS, learning_runs
 from trainers.controlled.config import ControlledConfig
 from trainers.controlled.gradient import (

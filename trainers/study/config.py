@@ -29,6 +29,9 @@ class EvalSpec:
     # also evaluate the untrained model, once per distinct eval setting (sampler precision, dtype, ...): the
     # baseline every arm's checkpoints are read against, in <output_dir>/step0/
     step0: bool = True
+    # with `every`: each run is also evaluated under this one sampler precision (bf16 or a recipe name; the trainer's
+    # eval.precision, in <run>/eval@<precision>/), so that every arm is read at the same precision next to its own
+    precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
         except TypeError as e:
             raise StudyError(f"{p}: eval: {e}; valid keys: "
                              f"{[f.name for f in dataclasses.fields(EvalSpec)]}") from None
+    if eval_spec is not None and eval_spec.precision is not None and not eval_spec.every:
+        raise StudyError(f"{p}: eval.precision={eval_spec.precision} is evaluated inside the runs: set eval.every=N")
     steps_at = tree.get("steps_at") or []
     window = tree.get("window", 10)
     if not isinstance(window, int) or window < 1:
@@ -183,6 +188,8 @@ def train_args(cfg: StudyConfig, arm: str, seed: int) -> list[str]:
         args += [f"eval.every={e.every}", f"eval.tasks={_value(e.tasks.split(','))}", f"eval.samples={e.samples}",
                  f"eval.temperature={e.temperature}", f"eval.max_new_tokens={e.max_new_tokens}",
                  f"eval.seed={e.seed}", f"eval.batch_size={e.batch_size}", f"eval.limit={_value(e.limit)}"]
+        if e.precision is not None:
+            args.append(f"eval.precision={e.precision}")
     return args
 
 

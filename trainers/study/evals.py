@@ -15,8 +15,10 @@ def eval_dir(run: pathlib.Path) -> pathlib.Path | None:
     return None if ckpt is None else run / "eval" / ckpt.name
 
 
-def _eval_settings(cfg: StudyConfig, arm: str) -> list[str]:
-    """The ``eval run`` options of ``arm``'s evals: the study's eval spec, under the arm's own sampler precision."""
+def _eval_settings(cfg: StudyConfig, arm: str, common: bool = False) -> list[str]:
+    """The ``eval run`` options of ``arm``'s evals: the study's eval spec, under the arm's own sampler precision
+    (``common``: under ``eval.precision``, as the trainer's second eval patches it: lm_head kept high, default
+    alignment)."""
     from trainers.config import load_config
 
     tcfg = load_config(train_args(cfg, arm, cfg.seeds[0]))
@@ -26,6 +28,9 @@ def _eval_settings(cfg: StudyConfig, arm: str) -> list[str]:
             "--batch-size", str(e.batch_size), "--quiet", "--dtype", tcfg.model.dtype]
     if tcfg.model.device != "auto":
         args += ["--device", tcfg.model.device]
+    if common:
+        return args + ([] if e.precision == "bf16" else ["--precision", e.precision]) + \
+            (["--limit", str(e.limit)] if e.limit else [])
     if tcfg.precision.sampler != "bf16":
         args += ["--precision", tcfg.precision.sampler]
         keep = [str(x) for x in tcfg.precision.exclude if x != "lm_head"]
@@ -48,19 +53,20 @@ def eval_args(cfg: StudyConfig, run: pathlib.Path) -> list[str] | None:
     return [str(ckpt), *_eval_settings(cfg, run.parent.name), "--output-dir", str(eval_dir(run))]
 
 
-def step0_args(cfg: StudyConfig, arm: str) -> tuple[pathlib.Path, list[str]] | None:
-    """(output dir, ``eval run`` args) of the untrained model under ``arm``'s eval settings; arms with the same
-    settings (model, precision, dtype, ...) share one directory, ``<output_dir>/step0/<sampler>-<hash>``."""
+def step0_args(cfg: StudyConfig, arm: str, common: bool = False) -> tuple[pathlib.Path, list[str]] | None:
+    """(output dir, ``eval run`` args) of the untrained model under ``arm``'s eval settings (``common``: under
+    ``eval.precision``; None without it); arms with the same settings (model, precision, dtype, ...) share one
+    directory, ``<output_dir>/step0/<precision>-<hash>``."""
     import hashlib
 
     from trainers.config import load_config
 
-    if cfg.eval is None or not cfg.eval.step0:
+    if cfg.eval is None or not cfg.eval.step0 or (common and cfg.eval.precision is None):
         return None
     tcfg = load_config(train_args(cfg, arm, cfg.seeds[0]))
-    args = [tcfg.model.path, *_eval_settings(cfg, arm)]
+    args = [tcfg.model.path, *_eval_settings(cfg, arm, common)]
     tag = hashlib.sha1("\0".join(args).encode()).hexdigest()[:8]
-    out = cfg.root / "step0" / f"{tcfg.precision.sampler}-{tag}"
+    out = cfg.root / "step0" / f"{cfg.eval.precision if common else tcfg.precision.sampler}-{tag}"
     return out, [*args, "--output-dir", str(out)]
 
 

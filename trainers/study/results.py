@@ -77,10 +77,11 @@ def eval_accuracy(run: pathlib.Path) -> float | None:
     return _accuracy(path)
 
 
-def eval_accuracies(run: pathlib.Path) -> dict[int, float]:
-    """Held-out accuracy of every evaluated checkpoint of ``run``: {step: accuracy}."""
+def eval_accuracies(run: pathlib.Path, precision: str | None = None) -> dict[int, float]:
+    """Held-out accuracy of every evaluated checkpoint of ``run``: {step: accuracy} (``precision``: the evals under
+    the study's ``eval.precision``, ``<run>/eval@<precision>``)."""
     out = {}
-    for d in sorted((run / "eval").glob("step_*")):
+    for d in sorted((run / ("eval" if precision is None else f"eval@{precision}")).glob("step_*")):
         acc = _accuracy(d / "results.json") if (d / "results.json").is_file() else None
         if acc is not None and d.name[5:].isdigit():
             out[int(d.name[5:])] = acc
@@ -100,6 +101,8 @@ def run_record(cfg: StudyConfig, arm: str, seed: int, steps: int) -> dict:
     where = results_dir(run)
     rec["eval_checkpoint"] = where.name if where is not None and rec["eval_accuracy"] is not None else None
     rec["eval_by_step"] = eval_accuracies(run)
+    common = cfg.eval.precision if cfg.eval is not None else None
+    rec["eval_common_by_step"] = eval_accuracies(run, common) if common is not None else {}
     for key, name in STEP_MEANS.items():
         vals = _finite(_num(r.get(key)) for r in rows if key in r)
         rec[name] = sum(vals) / len(vals) if vals else None
@@ -133,13 +136,46 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
         arms[arm]["seeds"] = len(mine)
         by_step = sorted({k for r in mine for k in r["eval_by_step"]})
         arms[arm]["eval_by_step"] = {k: _agg([r["eval_by_step"].get(k) for r in mine]) for k in by_step}
-        base = step0_args(cfg, arm)
-        res = None if base is None else base[0] / "results.json"
-        arms[arm]["eval_step0"] = _accuracy(res) if res is not None and res.is_file() else None
+        by_step = sorted({k for r in mine for k in r["eval_common_by_step"]})
+        arms[arm]["eval_common_by_step"] = {k: _agg([r["eval_common_by_step"].get(k) for r in mine])
+                                            for k in by_step}
+        arms[arm]["eval_step0"] = step0_accuracy(cfg, arm)
+        arms[arm]["eval_common_step0"] = step0_accuracy(cfg, arm, common=True)
     out = {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
            "date": time.strftime("%Y-%m-%d")}
     if cfg.baseline is not None:
         out["vs_baseline"] = {"baseline": cfg.baseline, "arms": comparisons(cfg, runs)}
+        out["paired"] = {"baseline": cfg.baseline, "arms": paired_comparisons(cfg, runs, arms)}
+    return out
+
+
+def step0_accuracy(cfg: StudyConfig, arm: str, common: bool = False) -> float | None:
+    """The untrained model's held-out accuracy under ``arm``'s eval (``common``: under ``eval.precision``)."""
+    base = step0_args(cfg, arm, common)
+    res = None if base is None else base[0] / "results.json"
+    return _accuracy(res) if res is not None and res.is_file() else None
+
+
+def paired_comparisons(cfg: StudyConfig, runs: list[dict], arms: dict) -> dict:
+    """Every other arm against ``cfg.baseline``, paired by seed (``trainers.paired``): the area under the held-out
+    curve and the last shared step's accuracy, under each run's own precision (``own``) and under the study's
+    ``eval.precision`` (``common``), with the untrained model as step 0 where it was evaluated."""
+    from trainers.paired import paired_curves
+
+    def curves(arm: str, key: str) -> dict[int, dict[int, float]]:
+        return {r["seed"]: r[key] for r in runs if r["recipe"] == arm and r[key]}
+
+    out = {}
+    for arm in cfg.arms:
+        if arm == cfg.baseline:
+            continue
+        out[arm] = {}
+        for name, key, s0 in (("own", "eval_by_step", "eval_step0"),
+                              ("common", "eval_common_by_step", "eval_common_step0")):
+            r = paired_curves(curves(arm, key), curves(cfg.baseline, key),
+                              step0=(arms[arm][s0], arms[cfg.baseline][s0]))
+            if r is not None:
+                out[arm][name] = r
     return out
 
 

@@ -125,12 +125,13 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
             ev_jobs.append((f"eval {arm}/seed{seed}", [sys.executable, "-m", "eval", "run", *args],
                             cfg.root / "logs" / f"{arm}-seed{seed}.eval.log"))
     for arm in cfg.arms:
-        base = step0_args(cfg, arm)
-        name = None if base is None else f"eval step0 {base[0].name}"
-        if base is None or (base[0] / "results.json").is_file() or any(j[0] == name for j in ev_jobs):
-            continue
-        ev_jobs.append((name, [sys.executable, "-m", "eval", "run", *base[1]],
-                        cfg.root / "logs" / f"step0-{base[0].name}.eval.log"))
+        for common in (False, True):  # under the arm's own precision, and under eval.precision
+            base = step0_args(cfg, arm, common)
+            name = None if base is None else f"eval step0 {base[0].name}"
+            if base is None or (base[0] / "results.json").is_file() or any(j[0] == name for j in ev_jobs):
+                continue
+            ev_jobs.append((name, [sys.executable, "-m", "eval", "run", *base[1]],
+                            cfg.root / "logs" / f"step0-{base[0].name}.eval.log"))
     eval_status = _run_all(ev_jobs, cfg.parallel, say)
     summary = summarize(cfg, steps)
     summary["failed"] = sorted(n for n, rc in {**train_status, **eval_status}.items() if rc not in (0, None))

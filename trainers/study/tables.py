@@ -42,24 +42,65 @@ def table(summary: dict) -> str:
                  "runs: the table below compares them at equal steps). "
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
-    steps = sorted({int(k) for a in arms.values() for k in a.get("eval_by_step", {})})
-    step0 = any(a.get("eval_step0") is not None for a in arms.values())
     # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
-    if len(steps) + step0 > 1:
-        lines += ["", ("Held-out accuracy by checkpoint step (mean ± std over the seeds evaluated there, n seeds; "
-                       "step 0: the untrained model under the arm's precision):"), "",
-                  "| arm | " + " | ".join(f"step {k}" for k in [0] * step0 + steps) + " |",
-                  "|" + "---|" * (len(steps) + step0 + 1)]
-        for arm, a in arms.items():
-            got = {int(k): v for k, v in a.get("eval_by_step", {}).items()}
-            cells = [f"{_cell(got[k], '.3f')} (n={got[k]['n']})" if got.get(k) else "-" for k in steps]
-            if step0:
-                acc = a.get("eval_step0")
-                cells.insert(0, "-" if acc is None else f"{acc:.3f} (untrained)")
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += by_step_table(arms, "eval_by_step", "eval_step0", "Held-out accuracy by checkpoint step, each arm "
+                           "under its own sampler precision (mean ± std over the seeds evaluated there, n seeds; "
+                           "step 0: the untrained model under the arm's precision):")
+    common = summary["config"].get("eval") and summary["config"]["eval"].get("precision")
+    if common:
+        lines += by_step_table(arms, "eval_common_by_step", "eval_common_step0", f"Held-out accuracy by checkpoint "
+                               f"step, every arm under one precision, `{common}` (the trainer's eval.precision: "
+                               "lm_head kept high, default alignment; step 0: the untrained model under it):")
     if summary.get("vs_baseline"):
         lines += comparison_table(summary["vs_baseline"])
+    if summary.get("paired"):
+        lines += paired_table(summary["paired"])
     return "\n".join(lines) + "\n"
+
+
+def by_step_table(arms: dict, key: str, step0_key: str, title: str) -> list[str]:
+    """Held-out accuracy per arm at each evaluated step (``key``: the per-step aggregates), step 0 first."""
+    steps = sorted({int(k) for a in arms.values() for k in a.get(key, {})})
+    step0 = any(a.get(step0_key) is not None for a in arms.values())
+    if len(steps) + step0 <= 1:
+        return []
+    lines = ["", title, "", "| arm | " + " | ".join(f"step {k}" for k in [0] * step0 + steps) + " |",
+             "|" + "---|" * (len(steps) + step0 + 1)]
+    for arm, a in arms.items():
+        got = {int(k): v for k, v in a.get(key, {}).items()}
+        cells = [f"{_cell(got[k], '.3f')} (n={got[k]['n']})" if got.get(k) else "-" for k in steps]
+        if step0:
+            acc = a.get(step0_key)
+            cells.insert(0, "-" if acc is None else f"{acc:.3f} (untrained)")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_table(paired: dict) -> list[str]:
+    """The "paired by seed" section of table.md (``trainers.paired``): one row per arm and eval precision."""
+    from trainers.paired import LEVEL
+
+    rows = [(arm, name, r) for arm, by in paired["arms"].items() for name, r in by.items()]
+    if not rows:
+        return []
+    pct = f"{LEVEL:.0%}"
+    note = (f"Against `{paired['baseline']}`, paired by seed (`trainers/paired.py`): the area under each run's "
+            "held-out curve (its mean height over the steps every compared run was evaluated at, step 0 the "
+            "untrained model where evaluated) and the accuracy at the last of those steps; the mean paired "
+            f"difference with its {pct} bootstrap CI, the sign-flip p-value, the effect size d_z and the seeds a "
+            "paired test needs for 80% power at that effect (alpha 0.05). Eval: `own` = each run's sampler "
+            "precision, `common` = the study's eval.precision.")
+    lines = ["", note, "",
+             "| arm | eval | seeds | steps | AUC arm | AUC base | ΔAUC [CI] | p | d_z | seeds for 80% | Δlast [CI] | p |",
+             "|" + "---|" * 12]
+    for arm, name, r in rows:
+        a, last = r["auc"], r["last"]
+        need = "-" if a["seeds_for_80"] is None else str(a["seeds_for_80"])
+        lines.append(f"| {arm} | {name} | {len(r['seeds'])} | {','.join(map(str, r['steps']))} | {a['arm']:.3f} | "
+                     f"{a['base']:.3f} | {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | {a['p']:.3f} | "
+                     f"{a['dz']:+.2f} | {need} | {last['diff']:+.3f} [{last['ci'][0]:+.3f}, {last['ci'][1]:+.3f}] | "
+                     f"{last['p']:.3f} |")
+    return lines
 
 
 def comparison_table(vs: dict) -> list[str]:

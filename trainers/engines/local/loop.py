@@ -70,6 +70,10 @@ class LocalTrainer(SetupMixin, CheckpointMixin, WeightSyncMixin, RolloutMixin, L
                         last.update(heldout.evaluate(cfg, done, sampler=self.sampler, tokenizer=self.tok,
                                                      precision=self.sampler_precision, device=self.device,
                                                      run_dir=self.run_dir))
+                        if cfg.eval.precision is not None:
+                            last.update(heldout.evaluate_common(cfg, done, common=self.common_eval,
+                                                                learner=self.model, tokenizer=self.tok,
+                                                                device=self.device, run_dir=self.run_dir))
                     tracker.log(done, last)
                     if self.state["consecutive_nan"] >= cfg.trainer.max_consecutive_nan:
                         raise TrainingDiverged(

@@ -62,6 +62,10 @@ class SetupMixin:
         # parameters into it after every update
         separate = cfg.precision.sampler != cfg.precision.learner
         self.sampler_model = copy.deepcopy(self.model).requires_grad_(False).eval() if separate else self.model
+        # eval.precision: the policy also evaluated at one precision, on its own copy (of the model before any
+        # recipe) unless the run's sampler already is that precision
+        needs_copy = cfg.eval.precision is not None and not heldout.own_is_common(cfg)
+        self.common_eval = heldout.CommonEval(cfg, self.model, self.tok) if needs_copy else None
         self.precision = apply_precision(self.model, cfg, self.run_dir)
         self.sampler_precision = (apply_precision(self.sampler_model, cfg, None, side="sampler") if separate
                                   else self.precision)

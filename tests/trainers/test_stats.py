@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from trainers.controlled import stats
+from trainers import stats
 
 
 def test_sign_flip_p_of_the_worked_example():
