@@ -22,7 +22,7 @@ def _write(tmp_path, text: str) -> pathlib.Path:
 
 
 def test_bundled_studies_validate():
-    for name in ("arithmetic", "smoke", "default", "rollout_nvfp4"):
+    for name in ("arithmetic", "smoke", "default", "rollout_nvfp4", "headroom", "headroom_cpu", "tis_vs_triage"):
         cfg = load_study(REPO / "recipes" / "studies" / f"{name}.yaml")
         assert cfg.arms and cfg.seeds
 
