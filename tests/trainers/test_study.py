@@ -131,7 +131,7 @@ def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
     cfg = load_study(REPO / "recipes" / "studies" / "smoke.yaml",
                      [f"output_dir={out}", f"train.model.path={tiny_model_dir}", "train.trainer.max_steps=2",
                       "train.trainer.save_every=2", "train.data.arithmetic.size=16",
-                      "train.algorithm.micro_batch_size=2", "eval.every=1"])
+                      "train.algorithm.micro_batch_size=2", "eval.every=1", "eval.precision=bf16"])
     said: list[str] = []
     s = run_study(cfg, say=said.append)
     assert s["failed"] == [], (said, [p.read_text()[-2000:] for p in (out / "logs").glob("*.log")])
@@ -140,6 +140,9 @@ def test_smoke_grid_runs_resumes_and_plots(tmp_path, tiny_model_dir):
     assert [m.split(" (log")[0] for m in said if m.startswith("start eval")] == [
         f"start eval step0 {p.name}" for p in (out / "step0").iterdir()]
     assert [sorted(r["eval_by_step"]) for r in runs] == [[1, 2], [1, 2]]
+    # both arms sample in BF16: their eval at the common precision is their own, and one step-0 eval serves both
+    assert [r["eval_common_by_step"] for r in runs] == [r["eval_by_step"] for r in runs]
+    assert (out / "heldout.png").stat().st_size > 1000 and len(list((out / "step0").iterdir())) == 1
     assert [(r["recipe"], r["seed"]) for r in runs] == [("bf16", 0), ("triage_bf16", 0)]
     for r in runs:
         assert r["steps"] == 2 and r["complete"]

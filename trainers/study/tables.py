@@ -141,8 +141,12 @@ def write_outputs(cfg: StudyConfig, summary: dict) -> None:
         plot_groups(groups, cfg.root / "reward.png", cfg.window, title=f"{cfg.name}: reward", panels=1)
         plot_groups(groups, cfg.root / "panels.png", cfg.window, title=cfg.name)
         if any("val/average" in r for runs in groups.values() for run in runs for r in read_metrics(run)):
+            common = cfg.eval.precision if cfg.eval is not None else None
+            panels = [("val/average", "held-out accuracy, own sampler")] if common else HELDOUT
+            if common:  # the same evals read at one precision for every arm, beside each arm's own
+                panels.append((f"val@{common}/average", f"held-out accuracy, all at {common}"))
             plot_groups(groups, cfg.root / "heldout.png", 1, title=f"{cfg.name}: held-out accuracy",
-                        panels=HELDOUT)
+                        panels=panels)
 
 
 def where(cfg: StudyConfig) -> str:
