@@ -1,7 +1,8 @@
 """Record a study that ran elsewhere (a lent GPU): unpack its ``study.tgz`` into
 ``benchmarks/learning/study_NAME`` and rebuild the table, summary and figures there.
 
-Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md``; kept per
+Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md`` (``eval/`` and, with
+``eval.precision``, ``eval@<precision>/``); kept per
 study: the step-0 evals and ``study.json`` (the grid's configuration as it ran). Not kept: checkpoints, logs,
 run metadata (host paths, timestamps). A run in the archive replaces the recorded one of the same arm and seed
 only if it reached at least as many steps, so a shorter rerun never overwrites a longer record. Paths in the
@@ -63,7 +64,8 @@ def import_runs(src: pathlib.Path, dst: pathlib.Path, arms: list[str], seeds: li
             for f in RUN_FILES:
                 if (new / f).is_file():
                     shutil.copy2(new / f, old / f)
-            _copy_results(new / "eval", old / "eval")
+            for evals in sorted(new.glob("eval*")):  # eval/ (own precision) and eval@<precision>/ (eval.precision)
+                _copy_results(evals, old / evals.name)
             was = f" (the record had {n_old})" if n_old >= 0 else " (new)"
             said.append(f"{arm}/seed{seed}: {n_new} steps{was}")
     if (src / "study.json").is_file():

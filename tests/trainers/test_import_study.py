@@ -28,10 +28,12 @@ def _run(root: pathlib.Path, arm: str, steps: int, reward: float) -> pathlib.Pat
     (run / "config.yaml").write_text(f"arm: {arm}\n")
     rows = [{"step": s, "critic/rewards/mean": reward} for s in range(1, steps + 1)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ev = run / "eval" / f"step_{steps:06d}"
-    ev.mkdir(parents=True)
-    (ev / "results.json").write_text(json.dumps({"accuracy": reward}))
-    (ev / "results.md").write_text("table\n")
+    for top in ("eval", "eval@bf16"):  # the run's own eval and its eval.precision one
+        ev = run / top / f"step_{steps:06d}"
+        ev.mkdir(parents=True)
+        (ev / "results.json").write_text(json.dumps({"accuracy": reward}))
+        (ev / "results.md").write_text("table\n")
+        (ev / "samples.jsonl").write_text("{}\n")
     return run
 
 
@@ -51,8 +53,9 @@ def test_import_keeps_longer_records_and_drops_checkpoints(tmp_path, capsys):
     assert "bf16/seed0: 3 steps (new)" in said
     assert "triage_bf16/seed0: kept the record (3 steps; the archive has 1)" in said
     new = dest / "bf16" / "seed0"
-    assert sorted(p.name for p in new.iterdir()) == ["config.yaml", "eval", "metrics.jsonl"]
-    assert (new / "eval" / "step_000003" / "results.json").is_file()
+    assert sorted(p.name for p in new.iterdir()) == ["config.yaml", "eval", "eval@bf16", "metrics.jsonl"]
+    for top in ("eval", "eval@bf16"):
+        assert sorted(p.name for p in (new / top / "step_000003").iterdir()) == ["results.json", "results.md"]
     kept = [json.loads(x) for x in (dest / "triage_bf16" / "seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(kept) == 3 and kept[-1]["critic/rewards/mean"] == 0.9
     summary = json.loads((dest / "summary.json").read_text())
