@@ -65,12 +65,21 @@ def run_interpreted():
     ``triton.jit`` decides when a kernel is defined (also for triton's own library functions) whether it is
     interpreted, so the CPU runs of the Triton kernels need a process that imports triton with the variable
     set. Extra arguments go to that pytest run (e.g. ``"-k", "interp_"``). The call fails the calling test if
-    that run fails or passes nothing."""
+    that run fails or passes nothing.
+
+    The interpreter's ``tl.dot`` is numpy's ``matmul``, i.e. OpenBLAS's sgemm, whose bits per row depend on the
+    micro-kernel OpenBLAS picks for the CPU: its FMA kernels (Haswell, Zen) compute a tile's last rows with
+    another kernel, so a row's result depends on its place in the tile, which the batch-invariance tests check
+    bit for bit (the GPU's MMA has no such dependence). The run pins one kernel, ``OPENBLAS_CORETYPE``
+    (default ``Sandybridge``, no FMA; a value already set is kept), so the interpreted kernels compute the
+    same bits on every x86 machine."""
 
     def run(path: str, *pytest_args: str) -> str:
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        env.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider", *pytest_args],
-            env=dict(os.environ, TRITON_INTERPRET="1"),
+            env=env,
             capture_output=True,
             text=True,
             timeout=600,
