@@ -40,6 +40,8 @@ def test_bundled_studies_validate():
     ("name: a\noutput_dir: o\narms: [bf16, nvfp4]\nbaseline: nvfp5\n", "baseline 'nvfp5' is not one of the arms"),
     ("name: a\noutput_dir: o\narms: [bf16]\neval: {precision: bf16}\n", "eval.precision=bf16 is evaluated inside"),
     ("name: a\noutput_dir: o\narms: [bf16]\neval: {every: 2, precision: nvfp5}\n", "eval.precision='nvfp5'"),
+    ("name: a\noutput_dir: o\narms: [bf16, nvfp4]\npairs: [[nvfp4, strict_nvfp4]]\n", "pairs name .'strict_nvfp4'."),
+    ("name: a\noutput_dir: o\narms: [bf16, nvfp4]\npairs: [nvfp4, bf16]\n", "pairs must be a list of"),
 ])
 def test_bad_study_is_one_clear_error(tmp_path, body, needle):
     with pytest.raises(StudyError, match=needle):
@@ -327,10 +329,11 @@ def test_a_failed_run_is_reported_with_its_error_line(tmp_path):
 def test_one_eval_precision_for_every_arm_and_the_paired_comparison(tmp_path):
     """eval.precision: the runs get it, the untrained model is evaluated under it once, and the summary pairs every
     arm with the baseline seed by seed, under each run's own precision and under the common one."""
-    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
-                                      "arms: [rollout_nvfp4, bf16]\nseeds: [0, 1, 2]\nbaseline: bf16\n"
-                                      "train: {trainer.max_steps: 10}\n"
-                                      "eval: {every: 5, precision: bf16, limit: 4}\n"))
+    path = _write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\n"
+                             "arms: [rollout_nvfp4, bf16]\nseeds: [0, 1, 2]\nbaseline: bf16\n"
+                             "train: {trainer.max_steps: 10}\n"
+                             "eval: {every: 5, precision: bf16, limit: 4}\n")
+    cfg = load_study(path)
     assert "eval.precision=bf16" in study.train_args(cfg, "rollout_nvfp4", 0)
     own0, common0 = study.step0_args(cfg, "rollout_nvfp4"), study.step0_args(cfg, "rollout_nvfp4", common=True)
     assert "--precision" in own0[1] and "--precision" not in common0[1] and common0[0].name.startswith("bf16-")
@@ -349,10 +352,17 @@ def test_one_eval_precision_for_every_arm_and_the_paired_comparison(tmp_path):
                     (d / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc + 0.01 * seed}}}))
     s = summarize(cfg, {"rollout_nvfp4": 10, "bf16": 10})
     assert s["arms"]["rollout_nvfp4"]["eval_common_by_step"][10]["mean"] == pytest.approx(0.61)
-    p = s["paired"]["arms"]["rollout_nvfp4"]
+    assert [(c["arm"], c["against"]) for c in s["paired"]] == [("rollout_nvfp4", "bf16")]
+    p = s["paired"][0]
     assert p["own"]["auc"]["diff"] == pytest.approx(-0.45) and p["own"]["steps"] == [5, 10]
     assert p["common"]["auc"]["diff"] == pytest.approx(-0.1) and p["common"]["last"]["diff"] == pytest.approx(-0.1)
     assert p["common"]["seeds"] == [0, 1, 2] and p["common"]["auc"]["p"] == pytest.approx(0.25, abs=0.02)
     md = table(s)
     assert "every arm under one precision, `bf16`" in md and "| rollout_nvfp4 | 0.410 ± 0.010 (n=3) | 0.610" in md
-    assert "| rollout_nvfp4 | common | 3 | 5,10 | 0.510 | 0.610 | -0.100 [-0.100, -0.100]" in md
+    assert "| rollout_nvfp4 | bf16 | common | 3 | 5,10 | 0.510 | 0.610 | -0.100 [-0.100, -0.100]" in md
+    # an extra contrast: the baseline against the rollout arm, the same pairs with the sign turned
+    cfg = load_study(path, ["pairs=[[bf16,rollout_nvfp4]]"])
+    s = summarize(cfg, {"rollout_nvfp4": 10, "bf16": 10})
+    assert [(c["arm"], c["against"]) for c in s["paired"]] == [("rollout_nvfp4", "bf16"), ("bf16", "rollout_nvfp4")]
+    assert s["paired"][1]["common"]["auc"]["diff"] == pytest.approx(0.1)
+    assert "| bf16 | rollout_nvfp4 | common | 3 |" in table(s)

@@ -47,6 +47,8 @@ class StudyConfig:
     window: int = 10
     # the arm every other is compared against at equal steps (trainers/compare.py); None: no comparison
     baseline: str | None = None
+    # more contrasts paired by seed (trainers/paired.py), each [arm, against]: e.g. [nvfp4, strict_nvfp4]
+    pairs: tuple[tuple[str, str], ...] = ()
 
     @property
     def root(self) -> pathlib.Path:
@@ -149,9 +151,16 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
 
         raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(arms)}"
                          f"{did_you_mean(str(baseline), arms)}")
+    pairs = tree.get("pairs") or []
+    if not isinstance(pairs, list) or not all(isinstance(x, list) and len(x) == 2 and x[0] != x[1] for x in pairs):
+        raise StudyError(f"{p}: pairs must be a list of [arm, against] pairs of two different arms, got {pairs!r}")
+    bad = sorted({a for x in pairs for a in x if a not in arms})
+    if bad:
+        raise StudyError(f"{p}: pairs name {bad}, not arms of this study; valid: {', '.join(arms)}")
     cfg = StudyConfig(name=str(tree["name"]), output_dir=str(tree["output_dir"]), arms=tuple(arms),
                       seeds=tuple(seeds), parallel=parallel, train=train, eval=eval_spec,
-                      steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline)
+                      steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline,
+                      pairs=tuple((str(a), str(b)) for a, b in pairs))
     _check_train_overrides(cfg, p)
     return cfg
 

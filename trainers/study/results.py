@@ -145,7 +145,10 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
            "date": time.strftime("%Y-%m-%d")}
     if cfg.baseline is not None:
         out["vs_baseline"] = {"baseline": cfg.baseline, "arms": comparisons(cfg, runs)}
-        out["paired"] = {"baseline": cfg.baseline, "arms": paired_comparisons(cfg, runs, arms)}
+    contrasts = [(a, cfg.baseline) for a in cfg.arms if cfg.baseline is not None and a != cfg.baseline]
+    contrasts += [c for c in cfg.pairs if c not in contrasts]
+    if contrasts:
+        out["paired"] = paired_comparisons(runs, arms, contrasts)
     return out
 
 
@@ -156,26 +159,25 @@ def step0_accuracy(cfg: StudyConfig, arm: str, common: bool = False) -> float | 
     return _accuracy(res) if res is not None and res.is_file() else None
 
 
-def paired_comparisons(cfg: StudyConfig, runs: list[dict], arms: dict) -> dict:
-    """Every other arm against ``cfg.baseline``, paired by seed (``trainers.paired``): the area under the held-out
-    curve and the last shared step's accuracy, under each run's own precision (``own``) and under the study's
-    ``eval.precision`` (``common``), with the untrained model as step 0 where it was evaluated."""
+def paired_comparisons(runs: list[dict], arms: dict, contrasts: list[tuple[str, str]]) -> list[dict]:
+    """Each ``(arm, against)`` contrast (every arm against the baseline, then the study's ``pairs``), paired by
+    seed (``trainers.paired``): the area under the held-out curve and the last shared step's accuracy, under each
+    run's own precision (``own``) and under the study's ``eval.precision`` (``common``), with the untrained model
+    as step 0 where it was evaluated. One ``{"arm", "against", "own", "common"}`` per contrast."""
     from trainers.paired import paired_curves
 
     def curves(arm: str, key: str) -> dict[int, dict[int, float]]:
         return {r["seed"]: r[key] for r in runs if r["recipe"] == arm and r[key]}
 
-    out = {}
-    for arm in cfg.arms:
-        if arm == cfg.baseline:
-            continue
-        out[arm] = {}
+    out = []
+    for arm, base in contrasts:
+        row: dict = {"arm": arm, "against": base}
         for name, key, s0 in (("own", "eval_by_step", "eval_step0"),
                               ("common", "eval_common_by_step", "eval_common_step0")):
-            r = paired_curves(curves(arm, key), curves(cfg.baseline, key),
-                              step0=(arms[arm][s0], arms[cfg.baseline][s0]))
+            r = paired_curves(curves(arm, key), curves(base, key), step0=(arms[arm][s0], arms[base][s0]))
             if r is not None:
-                out[arm][name] = r
+                row[name] = r
+        out.append(row)
     return out
 
 

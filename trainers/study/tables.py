@@ -76,28 +76,29 @@ def by_step_table(arms: dict, key: str, step0_key: str, title: str) -> list[str]
     return lines
 
 
-def paired_table(paired: dict) -> list[str]:
-    """The "paired by seed" section of table.md (``trainers.paired``): one row per arm and eval precision."""
+def paired_table(paired: list[dict]) -> list[str]:
+    """The "paired by seed" section of table.md (``trainers.paired``): one row per contrast and eval precision."""
     from trainers.paired import LEVEL
 
-    rows = [(arm, name, r) for arm, by in paired["arms"].items() for name, r in by.items()]
+    rows = [(c["arm"], c["against"], name, c[name]) for c in paired for name in ("own", "common") if name in c]
     if not rows:
         return []
     pct = f"{LEVEL:.0%}"
-    note = (f"Against `{paired['baseline']}`, paired by seed (`trainers/paired.py`): the area under each run's "
-            "held-out curve (its mean height over the steps every compared run was evaluated at, step 0 the "
-            "untrained model where evaluated) and the accuracy at the last of those steps; the mean paired "
+    note = ("Contrasts paired by seed (`trainers/paired.py`; every arm against the baseline, then the study's "
+            "`pairs`): the area under each run's held-out curve (its mean height over the steps every compared "
+            "run was evaluated at, step 0 the untrained model where evaluated) and the accuracy at the last of "
+            "those steps; the mean paired "
             f"difference with its {pct} bootstrap CI, the sign-flip p-value, the effect size d_z and the seeds a "
             "paired test needs for 80% power at that effect (alpha 0.05). Eval: `own` = each run's sampler "
             "precision, `common` = the study's eval.precision.")
-    lines = ["", note, "",
-             "| arm | eval | seeds | steps | AUC arm | AUC base | ΔAUC [CI] | p | d_z | seeds for 80% | Δlast [CI] | p |",
-             "|" + "---|" * 12]
-    for arm, name, r in rows:
+    head = ("| arm | against | eval | seeds | steps | AUC arm | AUC against | ΔAUC [CI] | p | d_z | seeds for 80% "
+            "| Δlast [CI] | p |")
+    lines = ["", note, "", head, "|" + "---|" * 13]
+    for arm, base, name, r in rows:
         a, last = r["auc"], r["last"]
         need = "-" if a["seeds_for_80"] is None else str(a["seeds_for_80"])
-        lines.append(f"| {arm} | {name} | {len(r['seeds'])} | {','.join(map(str, r['steps']))} | {a['arm']:.3f} | "
-                     f"{a['base']:.3f} | {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | {a['p']:.3f} | "
+        lines.append(f"| {arm} | {base} | {name} | {len(r['seeds'])} | {','.join(map(str, r['steps']))} | "
+                     f"{a['arm']:.3f} | {a['base']:.3f} | {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | {a['p']:.3f} | "
                      f"{a['dz']:+.2f} | {need} | {last['diff']:+.3f} [{last['ci'][0]:+.3f}, {last['ci'][1]:+.3f}] | "
                      f"{last['p']:.3f} |")
     return lines
