@@ -22,6 +22,16 @@ from typing import Any
 import torch
 
 
+def resolved_recipe_name(name: str) -> str:
+    """The recipe a precision name stands for (``auto``: ``$MINITE_RECIPE``, else minite's default); ``bf16``
+    stays ``bf16`` (plain linears, no recipe)."""
+    if name == "bf16":
+        return name
+    from minite_kernels import get_qlinear_params
+
+    return get_qlinear_params(None if name == "auto" else name).name
+
+
 def patch_precision(model: Any, recipe: str | Mapping[str, Any], *, exclude=(), backend: str = "auto", alignment: str = "default",
                     run_dir: pathlib.Path | None = None) -> dict[str, Any]:
     """Patch ``model``'s linears in place with ``recipe`` (a name, ``auto``: minite's default, or a recipe's

@@ -131,20 +131,13 @@ def evaluate(cfg: Config, step: int, *, sampler, tokenizer, precision: dict[str,
     return metrics
 
 
-def _recipe_name(name: str) -> str:
-    """The recipe a precision name stands for (``auto``: minite's default); ``bf16`` stays plain linears."""
-    if name == "bf16":
-        return name
-    from minite_kernels.recipes import resolve_recipe
-
-    return resolve_recipe(None if name == "auto" else name)[0].name
-
-
 def own_is_common(cfg: Config) -> bool:
     """Whether the run's own sampler already is ``eval.precision`` as :class:`CommonEval` would patch it: the same
     recipe, ``lm_head`` alone kept high (plain linears: nothing to keep), default alignment."""
+    from rollout.precision import resolved_recipe_name
+
     p, own = cfg.eval.precision, cfg.precision.sampler
-    if p is None or cfg.precision.alignment != "default" or _recipe_name(p) != _recipe_name(own):
+    if p is None or cfg.precision.alignment != "default" or resolved_recipe_name(p) != resolved_recipe_name(own):
         return False
     return own == "bf16" or [str(e) for e in cfg.precision.exclude] == ["lm_head"]
 

@@ -73,6 +73,7 @@ import sys
 from typing import Any
 
 from minite_util.fileio import atomic_write_text
+from rollout.precision import resolved_recipe_name
 from trainers.config import Config, ConfigError, to_yaml
 from trainers.losses import loss_mode
 
@@ -127,10 +128,6 @@ def _recipe(name: str) -> Any:
     from minite_kernels.recipes import get_qlinear_params
 
     return get_qlinear_params(None if name == "auto" else name)
-
-
-def resolved_recipe_name(name: str) -> str:
-    return "bf16" if name == "bf16" else _recipe(name).name
 
 
 def resolved_recipe_fields(name: str) -> str:
