@@ -204,17 +204,17 @@ class FP4WConfig:
 # fmt: off
 # BEGIN TABLE
 TABLE: dict[tuple[int, int], dict[int, FP4WConfig | None]] = {
-    (1024, 2048): {64: None},
-    (1024, 3072): {64: None},
+    (1024, 2048): {16: FP4WConfig(block_n=64, block_k=128, split=8, num_warps=4, num_stages=4, swap_ab=True), 64: None},
+    (1024, 3072): {16: FP4WConfig(block_n=64, block_k=128, split=8, num_warps=4, num_stages=4, swap_ab=True), 64: None},
     (2048, 2048): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
     (2048, 6144): {64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
     (2560, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: None},
     (2560, 9728): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
-    (4096, 1024): {64: None},
+    (4096, 1024): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: None},
     (4096, 2048): {16: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True), 64: None},
     (4096, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True)},
     (4096, 12288): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True)},
-    (6144, 1024): {64: None},
+    (6144, 1024): {16: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True)},
     (6144, 2560): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True)},
     (6144, 4096): {16: FP4WConfig(block_n=64, block_k=128, split=4, num_warps=4, num_stages=4, swap_ab=True), 64: FP4WConfig(block_n=64, block_k=128, split=2, num_warps=4, num_stages=4, swap_ab=True)},
     (12288, 2048): {64: FP4WConfig(block_n=64, block_k=128, split=1, num_warps=4, num_stages=4, swap_ab=True)},
