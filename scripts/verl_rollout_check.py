@@ -30,13 +30,15 @@ PROMPTS = ("a b c", "one", "the quick brown fox", "x y")
 VERL_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
-def _local(model, tok, recipe: str, backend: str):
-    from rollout import LocalSampler
+def _local(model, tok, recipe: str, backend: str, device: str):
+    """The reference: this process's sampler for ``device`` as the server's engine makes it
+    (``rollout.select.make_sampler``: the loop on CPU, the CUDA-graph engine on CUDA), on a copy of ``model``."""
     from rollout.precision import patch_precision
+    from rollout.select import make_sampler
 
-    ref = copy.deepcopy(model).requires_grad_(False).eval()
+    ref = copy.deepcopy(model).to(device).requires_grad_(False).eval()
     patch_precision(ref, recipe, backend=backend)
-    return LocalSampler(ref, tok)
+    return make_sampler(ref, tok, engine="loop" if device == "cpu" else "auto")
 
 
 def _agree(outs, ref) -> dict:
@@ -123,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
         outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
                                                              request_id=f"r{i}") for i, p in enumerate(prompts)])
-        checks["generate"] = _agree(outs, _local(model, tok, args.recipe, args.backend).generate(prompts, params))
+        ref = _local(model, tok, args.recipe, args.backend, args.device)
+        checks["generate"] = _agree(outs, ref.generate(prompts, params))
         checks["generate"]["batches"] = (await server.describe.remote())["server"]["batches"]
 
         await replica.sleep()
@@ -136,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         await replica.wake_up()
         outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
                                                              request_id=f"n{i}") for i, p in enumerate(prompts)])
-        checks["generate_after_update"] = _agree(outs, _local(new, tok, args.recipe, args.backend).generate(prompts,
-                                                                                                             params))
+        ref = _local(new, tok, args.recipe, args.backend, args.device)
+        checks["generate_after_update"] = _agree(outs, ref.generate(prompts, params))
         checks["global_steps_in_output"] = outs[0].extra_fields["global_steps"]
 
         aborted = await server.abort_all_requests.remote()

