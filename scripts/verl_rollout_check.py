@@ -30,15 +30,18 @@ PROMPTS = ("a b c", "one", "the quick brown fox", "x y")
 VERL_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
-def _local(model, tok, recipe: str, backend: str, device: str):
-    """The reference: this process's sampler for ``device`` as the server's engine makes it
-    (``rollout.select.make_sampler``: the loop on CPU, the CUDA-graph engine on CUDA), on a copy of ``model``."""
+def _local(model, tok, settings, device: str):
+    """The reference: this process's sampler on a copy of ``model``, patched and chosen from the settings the
+    server reads from the same config (``MiniteRolloutSettings``: recipe, excluded modules, backend, engine)."""
     from rollout.precision import patch_precision
     from rollout.select import make_sampler
 
     ref = copy.deepcopy(model).to(device).requires_grad_(False).eval()
-    patch_precision(ref, recipe, backend=backend)
-    return make_sampler(ref, tok, engine="loop" if device == "cpu" else "auto")
+    patch_precision(ref, settings.recipe, exclude=settings.exclude, backend=settings.backend,
+                    alignment=settings.alignment)
+    return make_sampler(ref, tok, batch_size=settings.batch_size, engine=settings.sampler,
+                        alignment=settings.alignment, norm_quant=settings.norm_quant,
+                        fp4_weights=settings.fp4_weights)
 
 
 def _agree(outs, ref) -> dict:
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry
 
     from rollout import SamplingParams
+    from rollout.verl_backend.settings import MiniteRolloutSettings
     from rollout.models import tiny_random_qwen3
 
     model_dir = tempfile.mkdtemp(prefix="minite_rollout_check_")
@@ -83,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     config = RolloutConfig(name="minite", tensor_model_parallel_size=1, prompt_length=32,
                            response_length=args.max_new_tokens, dtype="float32", seed=3, n_gpus_per_node=1,
                            engine_kwargs=engine_kwargs)
+    settings = MiniteRolloutSettings.from_rollout_config(config)  # what the server's engine reads
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
         outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
                                                              request_id=f"r{i}") for i, p in enumerate(prompts)])
-        ref = _local(model, tok, args.recipe, args.backend, args.device)
+        ref = _local(model, tok, settings, args.device)
         checks["generate"] = _agree(outs, ref.generate(prompts, params))
         checks["generate"]["batches"] = (await server.describe.remote())["server"]["batches"]
 
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         await replica.wake_up()
         outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
                                                              request_id=f"n{i}") for i, p in enumerate(prompts)])
-        ref = _local(new, tok, args.recipe, args.backend, args.device)
+        ref = _local(new, tok, settings, args.device)
         checks["generate_after_update"] = _agree(outs, ref.generate(prompts, params))
         checks["global_steps_in_output"] = outs[0].extra_fields["global_steps"]
 
