@@ -557,17 +557,37 @@ def _cpu(w):
     return FP4Weight(w.codes.cpu(), w.scales.cpu(), w.gain.cpu())
 
 
-@interp_only
-def test_interp_fp4_weight_groups_follow_the_weights(monkeypatch):
-    """``fp4_weights=True``: q/k/v, gate/up, o and down hold the NVFP4 bytes (no BF16 Ŵ copy) and run the
-    FP4-weight GEMM; a weight change reaches the same buffers on refresh; the engine samples close to the
-    dequantized-weight engine (the two differ by Ŵ's BF16 rounding, ``fp4w``'s docstring)."""
+#: the interp_ tests' prompts: 8 rows of mixed lengths (left padding), as ``_prompts(512)``, but short. The
+#: interpreter runs each kernel program in Python, and the prefill quantizes 8 x (longest prompt) activation rows
+#: in 16-row programs: ``_prompts(512)``'s 11 tokens cost 6 programs per quantization, these 1
+INTERP_LENGTHS = (2, 1, 2, 2, 1, 2, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def interp_nvfp4_model():
+    """The interp_ tests' model, made and quantized once (Triton backend): the tiny bf16 Qwen3 with untied
+    weights. Its modules cache their quantized weights, so only the first test pays for quantizing them (~20 s in
+    the interpreter); the tests leave the weights as they found them (the FP4 test flips a weight's sign and back,
+    bit for bit)."""
     from minite_kernels import quantize_model
     from minite_kernels.backends.triton import TritonBackend
 
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
+        model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
+        quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    return model, tok
+
+
+@interp_only
+def test_interp_fp4_weight_groups_follow_the_weights(monkeypatch, interp_nvfp4_model):
+    """``fp4_weights=True``: q/k/v, gate/up, o and down hold the NVFP4 bytes (no BF16 Ŵ copy) and run the
+    FP4-weight GEMM; a weight change reaches the same buffers on refresh; the engine samples close to the
+    dequantized-weight engine (the two differ by Ŵ's BF16 rounding, ``fp4w``'s docstring)."""
+    from minite_kernels.backends.triton import TritonBackend
+
     monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
-    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
-    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    model, tok = interp_nvfp4_model
     eng = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=True)
     _fp4_group_checks(model, eng, "cpu")
     g = eng._packed.layers[0][0]
@@ -578,7 +598,7 @@ def test_interp_fp4_weight_groups_follow_the_weights(monkeypatch):
     assert g.fp4.codes.data_ptr() == ptr and not torch.equal(g.fp4.codes, before)
     with torch.no_grad():
         model.model.layers[0].self_attn.q_proj.weight.mul_(-1.0)
-    prompts = _prompts(512)
+    prompts = _prompts(512, INTERP_LENGTHS)
     p = SamplingParams(max_new_tokens=3, temperature=0.0)
     deq = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=False)
     assert deq.describe()["fp4_weight_groups"] == 0 and deq.describe()["quantized_weight_bytes_vs_bf16"] == 1.0
@@ -630,22 +650,20 @@ def test_graph_sampler_kernels_under_interpreter_in_subprocess(run_interp_tests)
 
 
 @interp_only
-def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch):
+def test_interp_norm_quant_feeds_the_packed_groups(monkeypatch, interp_nvfp4_model):
     """``norm_quant=True``: the packed NVFP4 groups and the down projections take X̂ from the fused kernels (once
     per group and step at more than 4 rows), and the engine samples what it samples without them, up to the
     last-bit differences of the norm (another summation order)."""
-    from minite_kernels import quantize_model
     from minite_kernels.backends.triton import TritonBackend
     from minite_kernels.backends.triton import norm_quant as nq
 
     monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
-    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
-    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    model, tok = interp_nvfp4_model
     calls = []
     for name in ("add_rms_norm_deq", "silu_mul_deq"):
         real = getattr(nq, name)
         monkeypatch.setattr(nq, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    prompts = _prompts(512)  # 8 rows: the lane's GEMM, not the <= 4-row decode kernel
+    prompts = _prompts(512, INTERP_LENGTHS)  # 8 rows: the lane's GEMM, not the <= 4-row decode kernel
     p = SamplingParams(max_new_tokens=3, temperature=0.0)
     plain = GraphSampler(model, tok, graphs=False, fused=True, fp4_weights=False)
     fused = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=True, fp4_weights=False)
@@ -673,22 +691,20 @@ def test_norm_quant_needs_packed_nvfp4_groups():
 
 
 @interp_only
-def test_interp_norm_quant_auto_follows_the_fp4_groups(monkeypatch):
+def test_interp_norm_quant_auto_follows_the_fp4_groups(monkeypatch, interp_nvfp4_model):
     """``norm_quant="auto"``: on where the engine holds FP4-weight groups, with no extra weight copy (their down
     projections are one-module FP4 groups already), and sampling as the engine without it up to the norm's last
     bit; off where the groups hold BF16 Ŵ copies."""
-    from minite_kernels import quantize_model
     from minite_kernels.backends.triton import TritonBackend
 
     monkeypatch.setattr(TritonBackend, "availability", classmethod(lambda cls, device=None: (True, "")))
-    model, tok = _tiny("qwen3", tied=False, dtype=torch.bfloat16)
-    quantize_model(model, "nvfp4_per_token_w1x16_bf16_bwd", backend="triton")
+    model, tok = interp_nvfp4_model
     auto = GraphSampler(model, tok, graphs=False, fused=True, norm_quant="auto", fp4_weights=True)
     off = GraphSampler(model, tok, graphs=False, fused=True, norm_quant=False, fp4_weights=True)
     deq = GraphSampler(model, tok, graphs=False, fused=True, norm_quant="auto", fp4_weights=False)
     assert auto.describe()["norm_quant"] is True and deq.describe()["norm_quant"] is False
     assert auto.describe()["packed_bytes"] == off.describe()["packed_bytes"]
-    prompts = _prompts(512)
+    prompts = _prompts(512, INTERP_LENGTHS)
     p = SamplingParams(max_new_tokens=3, temperature=0.0)
     _agree_up_to_first_difference(off.generate(prompts, p), auto.generate(prompts, p), atol=0.05)
 

@@ -149,10 +149,14 @@ def test_strict_is_refused_with_verl_and_other_backends():
 # ---------------------------------------------------------------------- the batch-invariant kernels (CUDA's way)
 def _small_vocab(tok_dir, recipe, device, backend):
     """The tiny model with one block, a 256-token vocabulary and a stand-in tokenizer (pad 0, EOS 1), and prompts
-    of mixed lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite."""
+    of mixed lengths as ids: Triton's interpreter runs a 151k-row lm_head too slowly for the test suite. Narrow too
+    (hidden 64, MLP 128, 2 query heads on 1 KV head): the interpreter's cost grows with the linears' k-steps and
+    the attention's (row, head) programs, and every linear still reduces over k in at least 2 steps of
+    ``LINEAR_BLOCKS["BLOCK_K"]`` (32), the query heads still share a KV head."""
     from types import SimpleNamespace
 
-    m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1, num_hidden_layers=1)
+    m, _ = _tiny(tok_dir, "bf16", device, vocab_size=256, pad_token_id=0, eos_token_id=1, num_hidden_layers=1,
+                 hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     m.generation_config.eos_token_id = 1
     if recipe != "bf16":
         quantize_model(m, recipe, backend=backend)
