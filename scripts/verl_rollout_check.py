@@ -8,9 +8,10 @@ It starts a local Ray instance, an async actor shaped like verl's colocated work
 worker under ``worker_dict``, holding a ``MiniteRollout`` that loads the model from verl's ``HFModelConfig``), and
 ``MiniteReplica`` from verl's ``RolloutReplicaRegistry`` (so the ``verl.plugins`` entry point must be installed:
 ``pip install -e .``). Then, as verl's trainer drives it: concurrent ``generate`` calls on the server actor
-(checked against ``LocalSampler`` in this process), ``sleep``, a weight update through the worker
-(``resume(["weights"])``, ``update_weights``, ``resume(["kv_cache"])``, verl's naive path), ``wake_up``, generate
-again (checked against a local sampler on the new weights), ``abort_all_requests`` / ``resume_generation``.
+(checked against the sampler this process builds from the settings the server reads, on the same device),
+``sleep``, a weight update through the worker (``resume(["weights"])``, ``update_weights``,
+``resume(["kv_cache"])``, verl's naive path), ``wake_up``, generate again (checked the same way on the new
+weights), ``abort_all_requests`` / ``resume_generation``.
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry
 
     from rollout import SamplingParams
-    from rollout.verl_backend.settings import MiniteRolloutSettings
     from rollout.models import tiny_random_qwen3
+    from rollout.verl_backend.settings import MiniteRolloutSettings
 
     model_dir = tempfile.mkdtemp(prefix="minite_rollout_check_")
     model, tok = tiny_random_qwen3(TOKENIZER, seed=0)
