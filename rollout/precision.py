@@ -22,14 +22,17 @@ from typing import Any
 import torch
 
 
-def resolved_recipe_name(name: str) -> str:
-    """The recipe a precision name stands for (``auto``: ``$MINITE_RECIPE``, else minite's default); ``bf16``
-    stays ``bf16`` (plain linears, no recipe)."""
-    if name == "bf16":
-        return name
+def resolved_recipe(name: str):
+    """The ``PrecisionRecipe`` a precision name other than ``bf16`` stands for (``auto``: ``$MINITE_RECIPE``,
+    else minite's default)."""
     from minite_kernels import get_qlinear_params
 
-    return get_qlinear_params(None if name == "auto" else name).name
+    return get_qlinear_params(None if name == "auto" else name)
+
+
+def resolved_recipe_name(name: str) -> str:
+    """:func:`resolved_recipe`'s name; ``bf16`` stays ``bf16`` (plain linears, no recipe)."""
+    return name if name == "bf16" else resolved_recipe(name).name
 
 
 def patch_precision(model: Any, recipe: str | Mapping[str, Any], *, exclude=(), backend: str = "auto", alignment: str = "default",

@@ -32,17 +32,12 @@ VERL_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalt
 
 
 def _local(model, tok, settings, device: str):
-    """The reference: this process's sampler on a copy of ``model``, patched and chosen from the settings the
-    server reads from the same config (``MiniteRolloutSettings``: recipe, excluded modules, backend, engine)."""
-    from rollout.precision import patch_precision
-    from rollout.select import make_sampler
+    """The reference: the sampler of a ``MiniteEngine`` in this process, on a copy of ``model`` on ``device``, from
+    the settings the server's engine reads from the same config (recipe, excluded modules, backend, engine), so
+    that what is checked is the Ray wiring around it."""
+    from rollout.verl_backend.engine import MiniteEngine
 
-    ref = copy.deepcopy(model).to(device).requires_grad_(False).eval()
-    patch_precision(ref, settings.recipe, exclude=settings.exclude, backend=settings.backend,
-                    alignment=settings.alignment)
-    return make_sampler(ref, tok, batch_size=settings.batch_size, engine=settings.sampler,
-                        alignment=settings.alignment, norm_quant=settings.norm_quant,
-                        fp4_weights=settings.fp4_weights)
+    return MiniteEngine(copy.deepcopy(model).to(device), tok, settings).sampler
 
 
 def _agree(outs, ref) -> dict:
@@ -127,12 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         checks["server"] = replica.server_address
         server = replica.server_handle
         prompts = [tok.encode(t) for t in PROMPTS]
-        params = SamplingParams(max_new_tokens=args.max_new_tokens, seed=5)
+        # one seed per request: the server batches requests of equal seed in arrival order, which Ray does not
+        # fix, and row i of a batch draws stream (seed, i); alone in its batch, request i draws (5 + i, 0)
+        def reference(sampler):
+            return [sampler.generate([p], SamplingParams(max_new_tokens=args.max_new_tokens, seed=5 + i))[0]
+                    for i, p in enumerate(prompts)]
 
-        outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
-                                                             request_id=f"r{i}") for i, p in enumerate(prompts)])
+        outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, request_id=f"r{i}",
+                                                             sampling_params=dict(VERL_PARAMS, seed=5 + i))
+                                      for i, p in enumerate(prompts)])
         ref = _local(model, tok, settings, args.device)
-        checks["generate"] = _agree(outs, ref.generate(prompts, params))
+        checks["generate"] = _agree(outs, reference(ref))
         checks["generate"]["batches"] = (await server.describe.remote())["server"]["batches"]
 
         await replica.sleep()
@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                 p.add_(0.02 * torch.randn_like(p))
         checks["global_steps_after_update"] = await worker.update_weights.remote(list(new.state_dict().items()), 7)
         await replica.wake_up()
-        outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, sampling_params=dict(VERL_PARAMS, seed=5),
-                                                             request_id=f"n{i}") for i, p in enumerate(prompts)])
+        outs = await asyncio.gather(*[server.generate.remote(prompt_ids=p, request_id=f"n{i}",
+                                                             sampling_params=dict(VERL_PARAMS, seed=5 + i))
+                                      for i, p in enumerate(prompts)])
         ref = _local(new, tok, settings, args.device)
-        checks["generate_after_update"] = _agree(outs, ref.generate(prompts, params))
+        checks["generate_after_update"] = _agree(outs, reference(ref))
         checks["global_steps_in_output"] = outs[0].extra_fields["global_steps"]
 
         aborted = await server.abort_all_requests.remote()

@@ -73,7 +73,7 @@ import sys
 from typing import Any
 
 from minite_util.fileio import atomic_write_text
-from rollout.precision import resolved_recipe_name
+from rollout.precision import resolved_recipe, resolved_recipe_name
 from trainers.config import Config, ConfigError, to_yaml
 from trainers.losses import loss_mode
 
@@ -123,18 +123,11 @@ def resolve_model_path(cfg: Config) -> str:
     return str(p.resolve()) if p.exists() else str(cfg.model.path)
 
 
-def _recipe(name: str) -> Any:
-    """Resolve a precision recipe name ("auto" -> $MINITE_RECIPE / minite's default)."""
-    from minite_kernels.recipes import get_qlinear_params
-
-    return get_qlinear_params(None if name == "auto" else name)
-
-
 def resolved_recipe_fields(name: str) -> str:
     """What the workers' ``$MINITE_RECIPE`` carries: ``bf16``, or the resolved recipe's fields as JSON (its
     ``to_dict``), so that each worker builds the very recipe the driver resolved, custom recipes registered only in
     the driver included, instead of looking a name up in its own registry."""
-    return "bf16" if name == "bf16" else json.dumps(_recipe(name).to_dict(), sort_keys=True)
+    return "bf16" if name == "bf16" else json.dumps(resolved_recipe(name).to_dict(), sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +144,7 @@ def minite_settings(cfg: Config) -> Any:
     from rollout.verl_backend.settings import MiniteRolloutSettings
 
     p, r = cfg.precision, cfg.rollout
-    recipe = "bf16" if p.sampler == "bf16" else _recipe(p.sampler).to_dict()  # the recipe itself, not its name
+    recipe = "bf16" if p.sampler == "bf16" else resolved_recipe(p.sampler).to_dict()  # the recipe itself, not its name
     return MiniteRolloutSettings(recipe=recipe, exclude=tuple(str(e) for e in p.exclude),
                                  backend=p.backend, alignment=p.alignment, sampler=r.sampler,
                                  batch_size=r.batch_size, norm_quant=r.norm_quant, fp4_weights=r.fp4_weights)
@@ -170,7 +163,7 @@ def sampler_plan(cfg: Config) -> SamplerPlan:
         return SamplerPlan(name, "minite", tuple(notes))
     if name == "bf16":
         return SamplerPlan("bf16", "bf16", ("vLLM samples in BF16",))
-    r = _recipe(name)
+    r = resolved_recipe(name)
     w, a = r.fprop.b, r.fprop.a
     if w.format == "bf16" and a.format == "bf16":
         return SamplerPlan(name, "bf16", (f"recipe {name} runs a BF16 forward; vLLM samples in BF16",))
