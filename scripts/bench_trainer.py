@@ -151,6 +151,8 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
             weight_sync()
 
     _timed(t, "sync_s", dev, sync, profile)
+    if dev.type == "cuda":
+        t["peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
     t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))
     t["response_tokens"] = float(ntok)
     t["abs_gap_mean"] = float(((old - b.sampler_logp).abs() * b.response_mask).sum() / ntok)
@@ -180,6 +182,32 @@ def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
     weight_sync = Requantizer(model, sampler.pad_id) if precision["patched"] else None
     return {"model": model, "sampler": sampler, "opt": torch.optim.AdamW(model.parameters(), lr=1e-6),
             "weight_sync": weight_sync, "precision": precision}
+
+
+def move_optimizer_state(opt, device) -> None:
+    """Move the optimizer's per-parameter tensors (AdamW's two moments; its scalar ``step`` stays) to ``device``.
+    With ``--offload-idle`` the recipes not stepping keep theirs in host memory, outside the timed phases."""
+    import torch
+
+    for state in opt.state.values():
+        for k, v in state.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.device != torch.device(device):
+                state[k] = v.to(device)
+
+
+def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
+    """Before ``recipe`` steps: with ``offload``, every other recipe's optimizer state to the host, its own to
+    ``dev``; then the GPU's peak-memory counter restarts, so each step's peak is its own."""
+    import torch
+
+    if offload:
+        for name, run in runs.items():
+            if name != recipe:
+                move_optimizer_state(run["opt"], "cpu")
+        move_optimizer_state(runs[recipe]["opt"], dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
 
 
 def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None = None) -> dict:
@@ -218,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-profile", action="store_true",
                     help="after the timed steps, one more step with each phase under cProfile: the costliest Python "
                          "functions per phase in the JSON line (host_profile)")
+    ap.add_argument("--offload-idle", action="store_true",
+                    help="keep only the stepping recipe's optimizer state on the GPU, the others' in host memory "
+                         "(moved between steps, not timed): two 4B models with their AdamW then fit one 80 GB GPU")
     a = ap.parse_args(argv)
 
     import torch
@@ -250,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         k = step % len(names)
         order = names[k:] + names[:k]
         for recipe in order:
+            _activate(runs, recipe, dev, a.offload_idle)
             m = _step(runs[recipe], tok, prompts, params, a, step)
             if step > 0:
                 rows[recipe].append(m)
@@ -264,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         extra += [("host", recipe)] if a.host_profile else []
         for i, prof in enumerate(extra):
             seed = a.reps + 1 + i
+            _activate(runs, recipe, dev, a.offload_idle)
             m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
             key = "host_profile" if prof[0] == "host" else "profile"
             med[key] = m[key]
@@ -277,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
            "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__,
+           "offload_idle": a.offload_idle,
            "timed_orders": orders, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if len(names) >= 2:

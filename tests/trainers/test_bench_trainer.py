@@ -49,3 +49,33 @@ def test_bench_trainer_host_profile(capsys, monkeypatch):
     names = [row["fn"] for row in hp["rollout_s"]["cumulative"]]
     assert any("generate" in n for n in names), names  # the sampler's generate is among the rollout's costliest
     assert all(row["s"] >= 0 and row["calls"] >= 1 for row in hp["update_s"]["own"])
+
+
+def test_move_optimizer_state_moves_the_moments_and_leaves_the_step(monkeypatch):
+    """``--offload-idle`` parks an idle recipe's AdamW moments elsewhere; its scalar step stays put."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
+    spec.loader.exec_module(mod)
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    mod.move_optimizer_state(opt, "meta")
+    state = opt.state[p]
+    assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
+    assert state["step"].device.type == "cpu" and float(state["step"]) == 1.0
+
+
+def test_bench_trainer_offload_idle_runs_and_is_recorded(capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--offload-idle"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["offload_idle"] is True and set(out["results"]) == {"bf16", "nvfp4_per_token_bf16_bwd"}
