@@ -194,6 +194,10 @@ def test_the_embedded_models_directory_builds_verls_model_config(tmp_path):
     assert json.loads((smollm2_cache_dir() / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     model_config = omega_conf_to_dataclass(_compose(ov).actor_rollout_ref.model)
     assert model_config.architectures == ["LlamaForCausalLM"] and model_config.local_path == str(smollm2_cache_dir())
+    # the model's attention is ours (sdpa), not verl's default flash_attention_2, which needs the flash-attn
+    # package: the step the second GPU run stopped at
+    assert model_config.hf_config._attn_implementation == "sdpa"
+    assert model_config.use_remove_padding is False  # packed rows need flash attention's varlen kernels
 
 
 def test_micro_batch_tokens_maps_to_verls_dynamic_batch_size(tmp_path):

@@ -308,6 +308,12 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("data.seed", t.seed)
     # model + learner
     put("actor_rollout_ref.model.path", resolve_model_path(cfg))
+    # verl builds its hf_config with override_config's attn_implementation, default flash_attention_2, which
+    # needs the flash-attn package; model.attn_implementation (default sdpa) is what engine=local uses
+    put("actor_rollout_ref.model.override_config.attn_implementation", cfg.model.attn_implementation, add=True)
+    # verl's remove-padding packs a micro-batch's sequences into one row, which only flash attention's varlen
+    # kernels keep apart: with sdpa or eager the sequences would attend to each other
+    put("actor_rollout_ref.model.use_remove_padding", cfg.model.attn_implementation == "flash_attention_2")
     minite = cfg.verl.rollout == "minite"
     if minite and cfg.verl.tensor_model_parallel_size != 1:
         raise ConfigError(f"verl.tensor_model_parallel_size={cfg.verl.tensor_model_parallel_size}: the minite "
