@@ -4,8 +4,8 @@
 One replica per actor worker (one GPU each), in verl's hybrid mode only: ``launch_servers`` starts one server
 actor on the worker's node, named ``minite_server_<replica>_0``, whose handle verl's ``LLMServerClient`` calls
 (``generate``, ``sleep``, ``wake_up``, ``abort_all_requests``, ...). The server forwards each batch to the
-engine inside the worker with Ray's ``__ray_call__`` (:func:`call_engine`); the worker's event loop runs it, as
-it runs the worker's other methods. There is no HTTP endpoint: ``server_address`` is the actor's name.
+engine inside the worker with Ray's ``__ray_call__`` (:func:`call_engine`), which runs it on the engine's own
+thread (Ray would run it on a fiber with a small stack). There is no HTTP endpoint: ``server_address`` is the actor's name.
 
 Not served (an error at launch): colocated and standalone modes (``init_colocated`` / ``init_standalone``, e.g. a
 reward or teacher model rolled out by a separate server), since the sampler lives in the actor worker.
@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
+from rollout.verl_backend.engine_thread import run_on_engine_thread
 from rollout.verl_backend.params import Lengths
 from rollout.verl_backend.server import ENGINE_METHODS, MiniteServer
 from rollout.verl_backend.settings import MiniteRolloutSettings
@@ -41,10 +42,11 @@ def find_rollout(worker: Any) -> Any:
 
 
 def call_engine(worker: Any, method: str, args: tuple, kwargs: dict) -> Any:
-    """Inside the actor worker (run by ``worker.__ray_call__``): one method of its minite engine."""
+    """Inside the actor worker (run by ``worker.__ray_call__``, on a Ray fiber): one method of its minite engine,
+    run on the engine's own thread (:mod:`~rollout.verl_backend.engine_thread`)."""
     if method not in ENGINE_METHODS:
         raise ValueError(f"minite rollout: engine method {method!r} is not served; valid: {', '.join(ENGINE_METHODS)}")
-    return getattr(find_rollout(worker).engine, method)(*args, **kwargs)
+    return run_on_engine_thread(getattr(find_rollout(worker).engine, method), *args, **kwargs)
 
 
 class MiniteServerActor(MiniteServer):

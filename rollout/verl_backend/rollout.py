@@ -24,6 +24,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 
 from rollout.verl_backend.engine import MiniteEngine
+from rollout.verl_backend.engine_thread import run_on_engine_thread
 from rollout.verl_backend.settings import MiniteRolloutSettings
 
 
@@ -39,15 +40,15 @@ class MiniteRollout(BaseRollout):
         self.replica_rank = kwargs.get("replica_rank", -1)
         if engine is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-            engine = MiniteEngine.from_pretrained(self.model_config.local_path, self.settings,
-                                                  dtype=self.config.dtype, device=device, base_seed=self.config.seed)
+            engine = run_on_engine_thread(MiniteEngine.from_pretrained, self.model_config.local_path, self.settings,
+                                          dtype=self.config.dtype, device=device, base_seed=self.config.seed)
         self.engine = engine
 
     async def resume(self, tags: list[str]) -> None:
-        self.engine.resume(tags)
+        run_on_engine_thread(self.engine.resume, tags)
 
     async def release(self) -> None:
-        self.engine.release()
+        run_on_engine_thread(self.engine.release)
 
     @torch.no_grad()
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", peft_config: Any = None,
@@ -61,14 +62,14 @@ class MiniteRollout(BaseRollout):
         if peft_config is not None:
             raise ValueError("minite rollout: LoRA adapters are not served; merge them "
                              "(actor_rollout_ref.model.lora.merge=true) or use vLLM")
-        self.engine.begin_update()
+        run_on_engine_thread(self.engine.begin_update)
         if hasattr(weights, "__aiter__"):
             async for name, tensor in weights:
-                self.engine.load(name, tensor)
+                run_on_engine_thread(self.engine.load, name, tensor)
         else:
             for name, tensor in weights:
-                self.engine.load(name, tensor)
-        return self.engine.finish_update(global_steps)
+                run_on_engine_thread(self.engine.load, name, tensor)
+        return run_on_engine_thread(self.engine.finish_update, global_steps)
 
 
 def check_rollout_config(config: Any) -> None:

@@ -430,3 +430,50 @@ def test_the_server_actor_forwards_to_the_engine_in_a_colocated_worker(tiny_mode
     replica.rollout_mode = RolloutMode.COLOCATED
     with pytest.raises(RuntimeError, match="colocated mode is not served"):
         _run(replica.launch_servers())
+
+
+def test_engine_calls_run_on_the_engine_thread_under_the_callers_grad_mode():
+    """Ray runs an asyncio actor's synchronous calls on fibers with small stacks, and the sampler's first batch
+    (torch.compile, CUDA-graph capture) overflowed one: SIGSEGV in the actor worker on an H100. So the server's
+    calls and the weight updates run on the engine's own thread, under the caller's grad mode, and an error
+    raised there reaches the caller."""
+    from rollout.verl_backend.engine_thread import THREAD_NAME, run_on_engine_thread
+    from rollout.verl_backend.replica import call_engine
+    from rollout.verl_backend.rollout import MiniteRollout
+
+    seen = []
+
+    class Engine:
+        def _note(self, what):
+            seen.append((what, threading.current_thread().name, torch.is_grad_enabled()))
+
+        def describe(self):
+            self._note("describe")
+            # a nested call on the engine thread runs directly (one worker: waiting on itself would deadlock)
+            return run_on_engine_thread(threading.current_thread)
+
+        def release(self):
+            raise RuntimeError("engine failure")
+
+        def begin_update(self):
+            self._note("begin")
+
+        def load(self, name, tensor):
+            self._note(name)
+
+        def finish_update(self, global_steps):
+            self._note("finish")
+            return {"steps": global_steps}
+
+    rollout = MiniteRollout.__new__(MiniteRollout)  # the worker's adapter around an engine, without loading one
+    rollout.engine = Engine()
+    worker = types.SimpleNamespace(rollout=rollout)
+    with torch.no_grad():
+        thread = call_engine(worker, "describe", (), {})
+    assert thread is not threading.current_thread() and thread.name.startswith(THREAD_NAME)
+    assert seen == [("describe", thread.name, False)]
+    with pytest.raises(RuntimeError, match="engine failure"):
+        call_engine(worker, "release", (), {})
+    seen.clear()
+    assert _run(rollout.update_weights(iter([("w", torch.zeros(1))]), global_steps=3)) == {"steps": 3}
+    assert [s[0] for s in seen] == ["begin", "w", "finish"] and {s[1] for s in seen} == {thread.name}
