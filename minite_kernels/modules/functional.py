@@ -20,9 +20,10 @@ The quantizer is never differentiated (STE): gradients flow as if ``Q`` were the
 Worked example (bf16 recipe, one group): X = [[1, 2]], W = [[3, 4]], dY = [[1]] gives Y = [[11]],
 dX = dY·W = [[3, 4]], dW = dYᵀ·X = [[1, 2]], exactly nn.Linear's gradients.
 
-Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache` keyed on the weight's
-version counter and storage pointer, so they are re-quantized once after each ``optimizer.step()`` (an
-in-place update bumps ``_version``): that is the "weight sync" re-quantization.
+Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache`, valid until the next
+optimizer step in the process or a change of the weight's version counter or storage pointer, so they are
+re-quantized once after each ``optimizer.step()``: that is the "weight sync" re-quantization (why the
+optimizer step counts: ``weight_cache.py``; FSDP2 rewrites weights at the same address with the version kept).
 
 Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
 module and remembered next to its weight cache (:class:`_Plan`: which backend quantizes X and runs each

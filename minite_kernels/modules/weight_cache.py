@@ -1,8 +1,18 @@
 """Quantized weights cached per weight version, and the per-module memo slot for host-side dispatch.
 
-Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache` keyed on the weight's
-version counter and storage pointer, so they are re-quantized once after each ``optimizer.step()`` (an
-in-place update bumps ``_version``): that is the "weight sync" re-quantization.
+Quantized weights are cached per (GEMM role, spec, group) in a :class:`WeightCache`. An entry is valid while
+the weight's version counter, storage pointer, dtype, device and shape are unchanged **and no optimizer has
+stepped since it was made** (the optimizer epoch, :func:`optimizer_epoch`, counted by a post-step hook common
+to every ``torch.optim.Optimizer``). So weights are re-quantized once after each ``optimizer.step()``: that is
+the "weight sync" re-quantization.
+
+Why the epoch: an in-place update bumps ``_version``, but a weight that is a *new* tensor at a reused address
+starts again at version 0. FSDP2 (``fully_shard``, verl's FSDP engine) does exactly that: every forward
+all-gathers the shards into an unsharded parameter whose storage it frees and re-allocates, with the version
+counter preserved. Without the epoch the third forward of a sharded model, after two optimizer steps, met the
+first forward's (pointer, version) and computed with stale quantized weights
+(``tests/minite_kernels/test_fsdp2.py``). The price: a step of any optimizer in the process invalidates every
+cache, so a process holding two trained models re-quantizes each one's weights once more per step.
 """
 
 from __future__ import annotations
@@ -11,9 +21,25 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from minite_kernels.backends import Backend
 from minite_kernels.recipes import OperandSpec, PrecisionRecipe
+
+
+_EPOCH = [0]  # optimizer steps taken in this process (a list: bumped by the hook, read on every lookup)
+
+
+def _count_step(_optimizer, _args, _kwargs) -> None:
+    _EPOCH[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
+def optimizer_epoch() -> int:
+    """How many optimizer steps (of any ``torch.optim.Optimizer``) this process has taken."""
+    return _EPOCH[0]
 
 
 class _Memo:
@@ -36,9 +62,9 @@ class _Memo:
 
 
 class WeightCache:
-    """Quantized weights keyed by role; an entry is valid while the weight's ``_version``, storage pointer,
-    dtype, device and shape are unchanged. A plain attribute (never a buffer): nothing here enters
-    ``state_dict``.
+    """Quantized weights keyed by role; an entry is valid while no optimizer has stepped since it was made and
+    the weight's ``_version``, storage pointer, dtype, device and shape are unchanged (see the module
+    docstring). A plain attribute (never a buffer): nothing here enters ``state_dict``.
 
     The public API for code outside the modules (the graph sampler keeps the values its CUDA graphs read in
     the caches): :meth:`of` (a module's cache), :meth:`token`, :meth:`entries`, :meth:`rebind`,
@@ -56,8 +82,9 @@ class WeightCache:
 
     @staticmethod
     def token(weight: torch.Tensor) -> tuple:
-        """What an entry made from ``weight`` is valid for: its version, storage pointer, dtype, device, shape."""
-        return (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
+        """What an entry made from ``weight`` is valid for: the optimizer epoch and the weight's version, storage
+        pointer, dtype, device, shape."""
+        return (_EPOCH[0], weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
 
     @staticmethod
     def fields(value: Any) -> dict:
@@ -70,13 +97,14 @@ class WeightCache:
         hit = self._entries.get(key)
         if hit is not None:
             t = hit[0]
-            # the cheap, most selective fields first; all five must match
+            # the cheap, most selective fields first; all six must match
             if (
-                t[0] == weight._version
-                and t[1] == weight.data_ptr()
-                and t[2] == weight.dtype
-                and t[4] == weight.shape
-                and t[3] == weight.device
+                t[0] == _EPOCH[0]
+                and t[1] == weight._version
+                and t[2] == weight.data_ptr()
+                and t[3] == weight.dtype
+                and t[5] == weight.shape
+                and t[4] == weight.device
             ):
                 return hit[1]
         value = make(*make_args)

@@ -210,6 +210,31 @@ def test_weight_cache_requantizes_after_optimizer_step(data):
         assert torch.equal(fresh(x), y1)  # the cache held exactly the quantization of the new weight
 
 
+def test_weight_cache_follows_a_rewrite_that_keeps_the_version_once_an_optimizer_steps():
+    """FSDP2's pattern: the weight's storage is rewritten at the same address with its version counter
+    preserved, so (pointer, version) cannot tell; the optimizer step in between does (any optimizer, minite's
+    AdamW included), and the next call quantizes the new values."""
+    from minite_kernels.modules.weight_cache import optimizer_epoch
+    from minite_kernels.optim import AdamW
+
+    layer = Linear(32, 16, qlinear_params=recipe("nvfp4_per_token"))
+    x = torch.randn(4, 32)
+    new = torch.randn(16, 32)
+    with torch.no_grad():
+        before = layer(x)
+        with torch.autograd._unsafe_preserve_version_counter(layer.weight):
+            layer.weight.copy_(new)
+        assert torch.equal(layer(x), before)  # no step yet: the cache cannot see the rewrite (documented)
+    epoch = optimizer_epoch()
+    AdamW(layer.parameters(), lr=0.0).step()  # no gradients: the weights stay, the step still counts
+    assert optimizer_epoch() == epoch + 1
+    fresh = Linear(32, 16, qlinear_params=recipe("nvfp4_per_token"))
+    with torch.no_grad():
+        fresh.weight.copy_(new)
+        fresh.bias.copy_(layer.bias)
+        assert torch.equal(layer(x), fresh(x))
+
+
 def test_load_state_dict_invalidates_cache():
     layer = Linear(32, 16, qlinear_params=recipe("nvfp4_per_tensor"))
     x = torch.randn(4, 32)

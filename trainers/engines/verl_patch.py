@@ -33,8 +33,10 @@ delegates to the project's scorers (``trainers.rewards.registry.compute_score`` 
 
 Verified on CPU (tests/trainers/test_engine_verl.py): the wrapper applied to a fake engine whose
 ``_build_module`` returns a tiny random Qwen3 swaps every decoder linear and leaves the state-dict keys
-unchanged; the patch is idempotent; forward-only engines are skipped. Not verified here: a real
-multi-GPU FSDP2 run (no GPU, no vLLM on the development machines).
+unchanged; the patch is idempotent; forward-only engines are skipped. A patched model under FSDP2
+(``fully_shard``, world size 1, gloo, fp32 and bf16 mixed precision) computes, after each of three optimizer
+steps, exactly what a fresh patched model with the same weights computes
+(tests/minite_kernels/test_fsdp2.py). Not verified here: a real multi-GPU FSDP2 run.
 """
 
 from __future__ import annotations
