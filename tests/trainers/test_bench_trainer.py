@@ -9,11 +9,17 @@ import sys
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_trainer.py"
 
 
-def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
+def _script(monkeypatch):
+    """The script as a module (scripts/ is not a package: verl's wheel owns the top-level name)."""
     spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
+    mod = _script(monkeypatch)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
                    "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4",
                    "--profile", str(tmp_path)])
@@ -36,10 +42,7 @@ def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
 
 def test_bench_trainer_host_profile(capsys, monkeypatch):
     """``--host-profile``: one more step per recipe under cProfile, its costliest functions per phase."""
-    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
-    spec.loader.exec_module(mod)
+    mod = _script(monkeypatch)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
                    "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--recipes", "bf16",
                    "--host-profile"])
@@ -55,10 +58,7 @@ def test_move_optimizer_state_moves_the_moments_and_leaves_the_step(monkeypatch)
     """``--offload-idle`` parks an idle recipe's AdamW moments elsewhere; its scalar step stays put."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
-    spec.loader.exec_module(mod)
+    mod = _script(monkeypatch)
     p = torch.nn.Parameter(torch.ones(3, 2))
     opt = torch.optim.AdamW([p], lr=0.1)
     p.grad = torch.full_like(p, 0.5)
@@ -70,10 +70,7 @@ def test_move_optimizer_state_moves_the_moments_and_leaves_the_step(monkeypatch)
 
 
 def test_bench_trainer_offload_idle_runs_and_is_recorded(capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_trainer_script", mod)
-    spec.loader.exec_module(mod)
+    mod = _script(monkeypatch)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
                    "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--offload-idle"])
     assert rc == 0
