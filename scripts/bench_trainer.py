@@ -197,9 +197,13 @@ def move_optimizer_state(opt, device) -> None:
 
 def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
     """Before ``recipe`` steps: with ``offload``, every other recipe's optimizer state to the host, its own to
-    ``dev``; then the GPU's peak-memory counter restarts, so each step's peak is its own."""
+    ``dev``; its weight sync once more (untimed), since the other recipes' optimizer steps expired its
+    quantized-weight caches (``minite_kernels.modules.weight_cache``), which no single-model trainer sees; then
+    the GPU's peak-memory counter restarts, so each step's peak is its own."""
     import torch
 
+    if runs[recipe]["weight_sync"] is not None:
+        runs[recipe]["weight_sync"]()
     if offload:
         for name, run in runs.items():
             if name != recipe:
