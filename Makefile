@@ -4,6 +4,8 @@
 #   make train ARGS="train.trainer.max_steps=4"                     # ARGS go to python -m trainers.study
 #   make run ARGS="recipe=triage_nvfp4 trainer.max_steps=4"         # one run: ARGS go to python -m trainers.grpo
 #   make test ARGS="tests/trainers -x"                              # ARGS go to pytest
+#   make test TEST_JOBS=1                                           # the suite in one process (default: 2 workers,
+#                                                                   # pytest-xdist; each holds its own torch)
 #   make setup PY=python3.11 VENV=.venv-ci                          # another interpreter / venv folder
 #   TORCH_INDEX=https://download.pytorch.org/whl/cpu make setup     # a CPU-only torch from PyTorch's index
 
@@ -12,6 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.minite-setup
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+TEST_JOBS ?= 2
 # the first Python 3.10-3.12 on PATH that runs (pass PY=... to choose)
 FOUND_PY := $(shell for p in python3.12 python3.11 python3.10 python3; do \
 	$$p -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' >/dev/null 2>&1 \
@@ -44,4 +47,4 @@ run: setup
 	$(BIN)/python -m trainers.grpo $(ARGS)
 
 test: setup
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(BIN)/python -m pytest -q $(ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS)) $(ARGS)
