@@ -4,8 +4,8 @@
 #   make train ARGS="train.trainer.max_steps=4"                     # ARGS go to python -m trainers.study
 #   make run ARGS="recipe=triage_nvfp4 trainer.max_steps=4"         # one run: ARGS go to python -m trainers.grpo
 #   make test ARGS="tests/trainers -x"                              # ARGS go to pytest
-#   make test TEST_JOBS=1                                           # the suite in one process (default: 2 workers,
-#                                                                   # pytest-xdist; each holds its own torch)
+#   make test TEST_JOBS=0                                           # the suite in this process (default: 2
+#                                                                   # pytest-xdist workers, each with its own torch)
 #   make setup PY=python3.11 VENV=.venv-ci                          # another interpreter / venv folder
 #   TORCH_INDEX=https://download.pytorch.org/whl/cpu make setup     # a CPU-only torch from PyTorch's index
 
@@ -47,4 +47,4 @@ run: setup
 	$(BIN)/python -m trainers.grpo $(ARGS)
 
 test: setup
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS)) $(ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(BIN)/python -m pytest -q -n $(TEST_JOBS) $(ARGS)

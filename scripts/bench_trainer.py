@@ -196,14 +196,17 @@ def move_optimizer_state(opt, device) -> None:
 
 
 def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
-    """Before ``recipe`` steps: with ``offload``, every other recipe's optimizer state to the host, its own to
-    ``dev``; its weight sync once more (untimed), since the other recipes' optimizer steps expired its
-    quantized-weight caches (``minite_kernels.modules.weight_cache``), which no single-model trainer sees; then
-    the GPU's peak-memory counter restarts, so each step's peak is its own."""
+    """Before ``recipe`` steps: its weight sync once more (untimed) if another recipe's optimizer stepped since
+    its own sync, which expired its quantized-weight caches (``minite_kernels.modules.weight_cache``): no
+    single-model trainer pays that; with ``offload``, every other recipe's optimizer state to the host, its own
+    to ``dev``; then the GPU's peak-memory counter restarts, so each step's peak is its own."""
     import torch
 
-    if runs[recipe]["weight_sync"] is not None:
-        runs[recipe]["weight_sync"]()
+    from minite_kernels.modules.weight_cache import optimizer_epoch
+
+    run = runs[recipe]
+    if run["weight_sync"] is not None and run.get("synced_at", optimizer_epoch()) != optimizer_epoch():
+        run["weight_sync"]()
     if offload:
         for name, run in runs.items():
             if name != recipe:
@@ -215,9 +218,13 @@ def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
 
 
 def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None = None) -> dict:
-    return one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
-                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
-                    weight_sync=run["weight_sync"], profile=profile)
+    from minite_kernels.modules.weight_cache import optimizer_epoch
+
+    out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
+                   micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
+                   weight_sync=run["weight_sync"], profile=profile)
+    run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

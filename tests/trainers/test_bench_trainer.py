@@ -76,3 +76,29 @@ def test_bench_trainer_offload_idle_runs_and_is_recorded(capsys, monkeypatch):
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["offload_idle"] is True and set(out["results"]) == {"bf16", "nvfp4_per_token_bf16_bwd"}
+
+
+def test_a_recipe_resyncs_only_after_another_recipes_optimizer_step(capsys, monkeypatch):
+    """Any optimizer step expires every quantized-weight cache; the interleaved benchmark re-runs a recipe's weight
+    sync (untimed) only when another recipe stepped since its own sync, as no single-model trainer pays that."""
+    mod = _script(monkeypatch)
+    calls = []
+    real = mod._setup
+
+    def counting(recipe, *args, **kwargs):
+        run = real(recipe, *args, **kwargs)
+        sync = run["weight_sync"]
+        if sync is not None:
+            run["weight_sync"] = lambda: calls.append(recipe) or sync()
+        return run
+
+    monkeypatch.setattr(mod, "_setup", counting)
+    argv = ["--device", "cpu", "--tiny", "--reps", "2", "--prompts", "2", "--n", "2", "--max-new-tokens", "2",
+            "--dtype", "float32", "--micro-batch", "4"]
+    assert mod.main(argv + ["--recipes", "nvfp4_per_token_bf16_bwd"]) == 0
+    assert len(calls) == 3  # its own sync in each of the 3 steps, nothing more
+    calls.clear()
+    assert mod.main(argv + ["--recipes", "bf16,nvfp4_per_token_bf16_bwd"]) == 0
+    # orders: [bf16, nvfp4], [nvfp4, bf16], [bf16, nvfp4]: bf16 stepped between nvfp4's steps 2 and 3 only
+    assert len(calls) == 3 + 1
+    capsys.readouterr()
