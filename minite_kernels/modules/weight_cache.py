@@ -26,7 +26,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from minite_kernels.backends import Backend
 from minite_kernels.recipes import OperandSpec, PrecisionRecipe
 
-
 _EPOCH = [0]  # optimizer steps taken in this process (a list: bumped by the hook, read on every lookup)
 
 
