@@ -90,11 +90,15 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
         return out
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
     t0 = time.perf_counter()
     out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     store[key] = time.perf_counter() - t0
+    if device.type == "cuda":  # the caching allocator freed its cache and retried a cudaMalloc (a device sync)
+        store.setdefault("alloc_retries", {})[key] = (
+            torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries)
     return out
 
 
@@ -153,6 +157,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     _timed(t, "sync_s", dev, sync, profile)
     if dev.type == "cuda":
         t["peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
+        t["peak_reserved_gb"] = torch.cuda.max_memory_reserved(dev) / 1e9
     t["step_s"] = sum(t[k] for k in ("rollout_s", "logprob_s", "update_s", "sync_s"))
     t["response_tokens"] = float(ntok)
     t["abs_gap_mean"] = float(((old - b.sampler_logp).abs() * b.response_mask).sum() / ntok)
@@ -301,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for recipe in names:
         run = runs[recipe]
-        med = {key: statistics.median(r[key] for r in rows[recipe]) for key in rows[recipe][0]}
+        med = {key: statistics.median(r[key] for r in rows[recipe]) for key in rows[recipe][0]
+               if key != "alloc_retries"}
+        if "alloc_retries" in rows[recipe][0]:  # summed over the timed steps, per phase
+            med["alloc_retries"] = {p: sum(r["alloc_retries"][p] for r in rows[recipe])
+                                    for p in rows[recipe][0]["alloc_retries"]}
         # with --profile / --host-profile, one more step per recipe under that profiler (not a timed one)
         extra = [(a.profile, recipe)] if a.profile else []
         extra += [("host", recipe)] if a.host_profile else []

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# NOT YET RUN TO THE END: on an H100 its verl steps stopped before the first training step (benchmarks/RESULTS.md,
-# 2026-12-06); its engine=local step ran.
+# Ran on one H100 on 2026-12-06 (benchmarks/RESULTS.md): 20 verl steps with a checkpoint and a resume, and the
+# engine=local comparison.
 #
 # engine=verl end to end on one GPU: verl's GRPO trainer (FSDP2 actor with minite's NVFP4 linears, the TRIAGE
 # loss) with the minite rollout (rollout.name=minite: the project's CUDA-graph sampler under the learner's own

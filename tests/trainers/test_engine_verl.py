@@ -90,6 +90,7 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
         "algorithm.mini_batches=2",
         "verl.n_gpus_per_node=8",
         "verl.rollout=vllm",
+        "logger.wandb.mode=offline",
     )
     c = _compose(engine.build_verl_overrides(cfg))
     validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
@@ -114,6 +115,8 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     sent = PrecisionRecipe.from_dict(json.loads(env.MINITE_RECIPE))
     assert sent == get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd")
     assert all(isinstance(v, str) for v in env.values())
+    # verl's tracker writes wandb/ into the run directory, as engine=local does, not the working directory
+    assert env.WANDB_MODE == "offline" and env.WANDB_DIR == str((tmp_path / "run").resolve())
     assert a.actor.fsdp_config.qat.enable is True and a.actor.fsdp_config.qat.mode == "w4a16"
     assert a.rollout.qat.enable is True  # vLLM's quant config follows the actor's (interpolation)
     assert a.actor.optim.lr == cfg.optim.lr and list(a.actor.optim.betas) == list(cfg.optim.betas)

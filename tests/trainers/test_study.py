@@ -95,6 +95,21 @@ def test_summary_and_table_over_seeds(tmp_path):
     assert "by checkpoint step" not in md  # no eval yet
 
 
+def test_seeds_not_run_yet_stay_out_of_the_statistics(tmp_path):
+    """A grid run in blocks: seed 1 has no metrics yet, so the arm counts 1 seed of 2, its steps are the run's
+    4 (not 0-4) and its reward is seed 0's alone."""
+    cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16]\n"
+                                      "seeds: [0, 1]\ntrain: {trainer.max_steps: 4}\nwindow: 2\n"))
+    run = cfg.run_dir("bf16", 0)
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.25}) + "\n"
+                                               for s in (1, 2, 3, 4)))
+    a = summarize(cfg, {"bf16": 4})["arms"]["bf16"]
+    assert (a["seeds"], a["seeds_planned"]) == (1, 2)
+    assert (a["steps"]["min"], a["steps"]["max"], a["final_reward"]["n"]) == (4, 4, 1)
+    assert "| bf16 | 1 of 2 | 4 |" in table(summarize(cfg, {"bf16": 4}))
+
+
 def test_held_out_accuracy_is_also_compared_at_equal_checkpoints(tmp_path, monkeypatch):
     """Runs stopped at different checkpoints: the last-checkpoint column mixes steps, the by-step table does not."""
     cfg = load_study(_write(tmp_path, f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16, triage_bf16]\n"
@@ -366,3 +381,20 @@ def test_one_eval_precision_for_every_arm_and_the_paired_comparison(tmp_path):
     assert [(c["arm"], c["against"]) for c in s["paired"]] == [("rollout_nvfp4", "bf16"), ("bf16", "rollout_nvfp4")]
     assert s["paired"][1]["common"]["auc"]["diff"] == pytest.approx(0.1)
     assert "| bf16 | rollout_nvfp4 | common | 3 |" in table(s)
+
+
+def test_parallel_is_capped_at_what_the_gpu_holds(tmp_path):
+    from trainers.study.runner import run_parallel
+
+    body = f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [bf16]\nparallel: 16\ngpu_gb_per_run: 19\n"
+    cfg = load_study(_write(tmp_path, body + "train: {model.device: cuda}\n"))
+    assert cfg.gpu_gb_per_run == 19.0
+    assert run_parallel(cfg, total_gb=85.5) == 4  # an H100: 6 runs of this size ran out of memory there
+    assert run_parallel(cfg, total_gb=150.8) == 7  # an H200
+    assert run_parallel(cfg, total_gb=10.0) == 1  # never fewer than one
+    cpu = load_study(_write(tmp_path, body + "train: {model.device: cpu}\n"))
+    assert run_parallel(cpu, total_gb=10.0) == 16  # CPU runs: no GPU cap
+    uncapped = load_study(_write(tmp_path, body.replace("gpu_gb_per_run: 19\n", "") + "train: {model.device: cuda}\n"))
+    assert run_parallel(uncapped, total_gb=10.0) == 16
+    with pytest.raises(StudyError, match="gpu_gb_per_run must be a number >= 0"):
+        load_study(_write(tmp_path, body.replace("19", "-1")))

@@ -238,7 +238,7 @@ def metrics_path(cfg: Config) -> pathlib.Path:
 
 
 def worker_env(cfg: Config) -> dict[str, str]:
-    """Environment for every Ray worker (recipes for verl_patch, wandb mode, import path)."""
+    """Environment for every Ray worker (recipes for verl_patch, wandb mode and directory, import path)."""
     from trainers.engines.verl_patch import ENV_BACKEND, ENV_EXCLUDE, ENV_RECIPE, ENV_SAMPLER_RECIPE
 
     env = {
@@ -253,6 +253,7 @@ def worker_env(cfg: Config) -> dict[str, str]:
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
     if mode != "disabled":
         env["WANDB_MODE"] = mode
+        env["WANDB_DIR"] = str(cfg.output_dir.resolve())  # the run's wandb/ beside its metrics, as engine=local
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(
         [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]

@@ -29,6 +29,7 @@ Study file (``recipes/study_arithmetic.yaml``)::
     arms: [bf16, nvfp4, tis_nvfp4, triage_nvfp4]
     seeds: [0, 1, 2]
     parallel: 1                 # runs at once (processes); each gets cpu_count // parallel threads
+    gpu_gb_per_run: 0           # > 0: GB one CUDA run holds; caps parallel at what the GPU holds
     train: {trainer.max_steps: 200, rollout.max_new_tokens: 256}   # key=value for every run
     eval: {tasks: arithmetic, temperature: 0.0, max_new_tokens: 64}
     steps_at: [50, 100, 200]    # "reward at equal steps" columns (default: quarters of max_steps)

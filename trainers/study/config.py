@@ -41,6 +41,9 @@ class StudyConfig:
     arms: tuple[str, ...]
     seeds: tuple[int, ...] = (0,)
     parallel: int = 1
+    # GPU memory one run holds at its peak (GB); > 0 caps `parallel` at what the GPU holds (runner.run_parallel),
+    # so one grid fits an 80 GB H100 and a 141 GB H200 alike; 0: no cap
+    gpu_gb_per_run: float = 0.0
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec | None = field(default_factory=EvalSpec)
     steps_at: tuple[int, ...] = ()
@@ -122,6 +125,9 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
     parallel = tree.get("parallel", 1)
     if not isinstance(parallel, int) or parallel < 1:
         raise StudyError(f"{p}: parallel must be an integer >= 1, got {parallel!r}")
+    gpu_gb = tree.get("gpu_gb_per_run", 0.0)
+    if isinstance(gpu_gb, bool) or not isinstance(gpu_gb, (int, float)) or gpu_gb < 0:
+        raise StudyError(f"{p}: gpu_gb_per_run must be a number >= 0 (GB; 0: no cap), got {gpu_gb!r}")
     train = flatten(tree.get("train") or {})
     reserved = sorted(k for k in train if k in ("recipe", "trainer.seed", "trainer.output_dir"))
     if reserved:
@@ -156,9 +162,11 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
         raise StudyError(f"{p}: pairs must be a list of [arm, against] pairs of two different arms, got {pairs!r}")
     bad = sorted({a for x in pairs for a in x if a not in arms})
     if bad:
-        raise StudyError(f"{p}: pairs name {bad}, not arms of this study; valid: {', '.join(arms)}")
+        raise StudyError(f"{p}: pairs name {bad}, not arms of this study; valid: {', '.join(arms)} "
+                         "(to run a subset of the arms, also override pairs=[])")
     cfg = StudyConfig(name=str(tree["name"]), output_dir=str(tree["output_dir"]), arms=tuple(arms),
-                      seeds=tuple(seeds), parallel=parallel, train=train, eval=eval_spec,
+                      seeds=tuple(seeds), parallel=parallel, gpu_gb_per_run=float(gpu_gb), train=train,
+                      eval=eval_spec,
                       steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline,
                       pairs=tuple((str(a), str(b)) for a, b in pairs))
     _check_train_overrides(cfg, p)

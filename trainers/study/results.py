@@ -130,10 +130,12 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
     cols = ["final_reward", "eval_accuracy", "step_s", *STEP_MEANS.values()]
     arms = {}
     for arm in cfg.arms:
-        mine = [r for r in runs if r["recipe"] == arm]
+        planned = [r for r in runs if r["recipe"] == arm]
+        mine = [r for r in planned if r["steps"] > 0]  # seeds not run (yet) do not enter the statistics
         keys = ["steps"] + [f"reward@{k}" for k in steps_at(cfg, steps[arm])] + cols
         arms[arm] = {k: _agg([r.get(k) for r in mine]) for k in keys}
         arms[arm]["seeds"] = len(mine)
+        arms[arm]["seeds_planned"] = len(planned)
         by_step = sorted({k for r in mine for k in r["eval_by_step"]})
         arms[arm]["eval_by_step"] = {k: _agg([r["eval_by_step"].get(k) for r in mine]) for k in by_step}
         by_step = sorted({k for r in mine for k in r["eval_common_by_step"]})

@@ -19,6 +19,30 @@ from trainers.study.tables import write_outputs
 STOP_GRACE_S = 90.0
 
 
+def gpu_total_gb() -> float | None:
+    """The first visible GPU's memory in GB, from ``nvidia-smi`` (no CUDA context in the study's own process);
+    None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return float(out[0]) * 2**20 / 1e9 if out else None  # MiB
+
+
+def run_parallel(cfg: StudyConfig, total_gb: float | None = None) -> int:
+    """How many runs go at once: ``cfg.parallel``, capped at ``total_gb // cfg.gpu_gb_per_run`` (at least 1) when
+    the runs train on CUDA and the GPU's size is known (``total_gb``, default :func:`gpu_total_gb`).
+    Example: parallel 16 and 19 GB per run give 4 runs on an H100 (81,559 MiB = 85.5 GB) and 7 on an H200
+    (143,771 MiB = 150.8 GB)."""
+    if cfg.gpu_gb_per_run <= 0 or not str(cfg.train.get("model.device", "")).startswith("cuda"):
+        return cfg.parallel
+    total = gpu_total_gb() if total_gb is None else total_gb
+    if total is None:
+        return cfg.parallel
+    return max(1, min(cfg.parallel, int(total // cfg.gpu_gb_per_run)))
+
+
 def _child_env(parallel: int) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(study_threads(parallel)))
@@ -111,8 +135,11 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         jobs.append((f"{arm}/seed{seed}", [sys.executable, "-m", "trainers.grpo", *train_args(cfg, arm, seed)],
                      cfg.root / "logs" / f"{arm}-seed{seed}.train.log"))
     stop_at = None if train_seconds is None else time.monotonic() + train_seconds
+    parallel = run_parallel(cfg)
+    if parallel < cfg.parallel:
+        say(f"{parallel} runs at once, not {cfg.parallel}: {cfg.gpu_gb_per_run:g} GB each on this GPU")
     # a run that restarts from step 0 drops the evals of its earlier execution itself (trainers.heldout)
-    train_status = _run_all(jobs, cfg.parallel, say, stop_at)
+    train_status = _run_all(jobs, parallel, say, stop_at)
     ev_jobs = []
     for arm, seed in cells:
         run = cfg.run_dir(arm, seed)
@@ -132,7 +159,7 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
                 continue
             ev_jobs.append((name, [sys.executable, "-m", "eval", "run", *base[1]],
                             cfg.root / "logs" / f"step0-{base[0].name}.eval.log"))
-    eval_status = _run_all(ev_jobs, cfg.parallel, say)
+    eval_status = _run_all(ev_jobs, parallel, say)
     summary = summarize(cfg, steps)
     summary["failed"] = sorted(n for n, rc in {**train_status, **eval_status}.items() if rc not in (0, None))
     # a run the time limit reached after its last step (saving it, or in its last eval) is complete, not stopped

@@ -29,7 +29,9 @@ def table(summary: dict) -> str:
         st = a.get("steps")
         steps = "n/a" if st is None else (f"{st['min']:.0f}" if st["min"] == st["max"] else
                                           f"{st['min']:.0f}-{st['max']:.0f}")
-        cells = [arm, str(a["seeds"]), steps] + [_cell(a.get(k), ".3f") for k in reward_cols]
+        planned = a.get("seeds_planned", a["seeds"])
+        seeds = str(a["seeds"]) if planned == a["seeds"] else f"{a['seeds']} of {planned}"
+        cells = [arm, seeds, steps] + [_cell(a.get(k), ".3f") for k in reward_cols]
         cells += [_cell(a.get("eval_accuracy"), ".3f"), _cell(a.get("abs_gap_mean"), ".3g"),
                   _cell(a.get("gap_q05"), ".3g"), _cell(a.get("gated_token_frac"), ".3g"),
                   _cell(a.get("gate_grad_shift"), ".3g"), _cell(a.get("repair_loss"), ".3g"),
