@@ -102,10 +102,12 @@ def test_seeds_not_run_yet_stay_out_of_the_statistics(tmp_path):
                                       "seeds: [0, 1]\ntrain: {trainer.max_steps: 4}\nwindow: 2\n"))
     run = cfg.run_dir("bf16", 0)
     run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.25}) + "\n"
-                                               for s in (1, 2, 3, 4)))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.25,
+                                                           "perf/gpu_reserved_gb": [3.0, 7.5, 5.0, 4.0][s - 1]})
+                                               + "\n" for s in (1, 2, 3, 4)))
     a = summarize(cfg, {"bf16": 4})["arms"]["bf16"]
     assert (a["seeds"], a["seeds_planned"]) == (1, 2)
+    assert a["gpu_reserved_gb"]["max"] == 7.5  # a run's most held memory: what gpu_gb_per_run must cover
     assert (a["steps"]["min"], a["steps"]["max"], a["final_reward"]["n"]) == (4, 4, 1)
     assert "| bf16 | 1 of 2 | 4 |" in table(summarize(cfg, {"bf16": 4}))
 

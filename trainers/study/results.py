@@ -108,6 +108,8 @@ def run_record(cfg: StudyConfig, arm: str, seed: int, steps: int) -> dict:
         rec[name] = sum(vals) / len(vals) if vals else None
     times = _finite(_num(r.get("perf/step_s")) for r in rows)
     rec["step_s"] = statistics.median(times) if times else None
+    held = _finite(_num(r.get("perf/gpu_reserved_gb")) for r in rows)
+    rec["gpu_reserved_gb"] = max(held) if held else None  # what gpu_gb_per_run must cover, less the CUDA context
     return rec
 
 
@@ -127,7 +129,7 @@ def _agg(values: list) -> dict | None:
 
 def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
     runs = [run_record(cfg, arm, seed, steps[arm]) for arm in cfg.arms for seed in cfg.seeds]
-    cols = ["final_reward", "eval_accuracy", "step_s", *STEP_MEANS.values()]
+    cols = ["final_reward", "eval_accuracy", "step_s", "gpu_reserved_gb", *STEP_MEANS.values()]
     arms = {}
     for arm in cfg.arms:
         planned = [r for r in runs if r["recipe"] == arm]

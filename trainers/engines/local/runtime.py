@@ -41,6 +41,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def gpu_memory(device: torch.device) -> dict[str, float]:
+    """On CUDA, this step's peak of allocated memory and what the caching allocator holds now, in GB (what a
+    study's ``gpu_gb_per_run`` must cover, less the CUDA context); else nothing. Restarts the peak counter."""
+    if device.type != "cuda":
+        return {}
+    out = {"perf/gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+           "perf/gpu_reserved_gb": torch.cuda.memory_reserved(device) / 1e9}
+    torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
 @contextlib.contextmanager
 def timed(store: dict[str, float], key: str, device: torch.device):
     _sync(device)

@@ -8,7 +8,7 @@ import numpy as np
 
 from rollout import SamplingParams
 from trainers.engines.local.rollout_phase import SAMPLER_COUNTS
-from trainers.engines.local.runtime import timed
+from trainers.engines.local.runtime import gpu_memory, timed
 from trainers.learner import actor as A
 from trainers.learner.batch import collate
 
@@ -89,6 +89,7 @@ class StepMixin:
             "perf/tokens_per_s": ntok / max(step_s, 1e-9),
             "perf/rollout_tokens_per_s": ntok / max(t["timing/rollout_s"], 1e-9),
             "train/nan_skipped": float(nonfinite), **reward_extra, **t, **sampler_counts,
+            **gpu_memory(self.device),  # since the last step's end: held-out evals between steps included
         })
         self._log_samples(step, examples, completions, scores)
         if nonfinite:
