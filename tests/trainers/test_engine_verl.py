@@ -370,13 +370,37 @@ def test_compute_score_delegates_to_project_scorers():
 # ---------------------------------------------------------------------------------------------- data + launch
 
 
+def test_verl_trains_on_engine_locals_prompts_in_its_order(tmp_path):
+    """train.parquet is engine=local's PromptSchedule, step by step (both data.shuffle settings, past one epoch of
+    the 40 examples), read by verl unshuffled; a longer run's file starts with the shorter run's rows, so a run
+    resumed with more steps continues where it stopped."""
+    import pyarrow.parquet as pq
+
+    from trainers.data import PromptSchedule, load_examples
+
+    for shuffle in ("true", "false"):
+        cfg = _cfg(tmp_path, "bf16", f"data.shuffle={shuffle}", "trainer.seed=3", "rollout.prompts_per_step=8",
+                   "trainer.max_steps=6")
+        schedule = PromptSchedule(load_examples(cfg.data), 8, 3, shuffle == "true")
+        want = [ex.question for s in range(6) for ex in schedule.batch(s)]  # 48 rows: past the 40 examples
+        train, _ = write_verl_data(cfg.data, tmp_path / shuffle, steps=6, prompts_per_step=8, seed=3)
+        got = [row["extra_info"]["question"] for row in pq.read_table(train).to_pylist()]
+        assert got == want
+        short, _ = write_verl_data(cfg.data, tmp_path / f"{shuffle}_short", steps=2, prompts_per_step=8, seed=3)
+        assert [r["extra_info"]["question"] for r in pq.read_table(short).to_pylist()] == want[:16]
+        ov = engine.build_verl_overrides(cfg)
+        assert "data.shuffle=false" in ov and "data.train_batch_size=8" in ov
+        in_file_order = [ex.question for ex in load_examples(cfg.data)]
+        assert (want[:40] == in_file_order) == (shuffle == "false")  # data.shuffle acts in the schedule
+
+
 def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir):
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     cfg = _cfg(tmp_path, "bf16", "data.instruction=Answer with a number.")
-    train, val = write_verl_data(cfg.data, tmp_path / "d")
+    train, val = write_verl_data(cfg.data, tmp_path / "d", steps=9, prompts_per_step=4, seed=0)
     tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
     ds = RLHFDataset(
         str(train),
@@ -390,7 +414,7 @@ def test_parquet_rows_load_with_verls_rlhf_dataset(tmp_path, qwen3_tokenizer_dir
             }
         ),
     )
-    assert len(ds) == 36  # 40 examples, 4 held out for val
+    assert len(ds) == 36  # 9 steps of 4 prompts
     row = ds[0]
     assert row["data_source"] == "arithmetic" and row["ability"] == "math"
     assert row["raw_prompt"][-1]["role"] == "user" and row["raw_prompt"][-1]["content"].endswith(

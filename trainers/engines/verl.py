@@ -305,7 +305,8 @@ def build_verl_overrides(cfg: Config) -> list[str]:
     put("data.max_prompt_length", cfg.data.max_prompt_tokens)
     put("data.max_response_length", r.max_new_tokens)
     put("data.filter_overlong_prompts", True)
-    put("data.shuffle", cfg.data.shuffle)
+    # train.parquet holds engine=local's prompts in its order (verl_data.py: data.shuffle applied there), read as is
+    put("data.shuffle", False)
     put("data.seed", t.seed)
     # model + learner
     put("actor_rollout_ref.model.path", resolve_model_path(cfg))
@@ -489,7 +490,8 @@ def prepare(cfg: Config) -> tuple[list[str], SamplerPlan]:
     overrides = build_verl_overrides(cfg)
     plan = sampler_plan(cfg)
     dd = data_dir(cfg)
-    write_verl_data(cfg.data, dd)
+    write_verl_data(cfg.data, dd, steps=cfg.trainer.max_steps, prompts_per_step=cfg.rollout.prompts_per_step,
+                    seed=cfg.trainer.seed)
     if plan.mode == "nvfp4_w4a16":
         atomic_write_text(
             dd / QUANT_CONFIG_FILE, json.dumps(quantization_config(_ignore_patterns(cfg)), indent=2) + "\n"

@@ -11,8 +11,15 @@ One row per example, in the format ``verl.utils.dataset.rl_dataset.RLHFDataset``
 
 The chat messages are built exactly as the local engine builds them (``trainers.data.render_prompt``:
 optional ``data.system_prompt``, ``data.instruction`` appended on a new line); verl applies the tokenizer's
-chat template itself. The prompt order differs from engine=local: verl's dataloader shuffles with
-``data.seed`` instead of ``trainers.data.PromptSchedule``.
+chat template itself.
+
+The training rows are engine=local's prompts in engine=local's order: step s's ``prompts_per_step`` rows are
+``trainers.data.PromptSchedule(examples, prompts_per_step, seed, data.shuffle).batch(s)``, for every step of
+the run, and verl reads them without shuffling (``data.shuffle=false``). So both engines train on the same
+prompts at every step, and a run resumed with more steps finds its first steps' rows unchanged (a step's rows
+depend only on the seed and the step). Example: 3 examples, 2 prompts a step, 2 steps, no shuffle: rows
+``e0 e1 | e2 e0``. (verl drops a prompt over ``data.max_prompt_length`` tokens where engine=local keeps its last
+tokens; with such prompts the steps after it shift.)
 
 Files are written atomically (temp file, then ``os.replace``).
 """
@@ -26,7 +33,7 @@ from typing import Any
 
 from minite_util.fileio import atomic_path
 from trainers.config import DataConfig
-from trainers.data import Example, load_examples
+from trainers.data import Example, PromptSchedule, load_examples
 
 ABILITY = "math"
 
@@ -72,12 +79,23 @@ def default_val_size(n: int) -> int:
     return max(1, min(64, n // 10))
 
 
+def scheduled_examples(examples: list[Example], steps: int, prompts_per_step: int, seed: int,
+                       shuffle: bool) -> list[Example]:
+    """Every step's prompts in engine=local's order (``PromptSchedule``), concatenated."""
+    schedule = PromptSchedule(examples, prompts_per_step, seed, shuffle)
+    return [ex for s in range(steps) for ex in schedule.batch(s)]
+
+
 def write_verl_data(
-    cfg: DataConfig, out_dir: str | os.PathLike, *, val_size: int | None = None
+    cfg: DataConfig, out_dir: str | os.PathLike, *, steps: int, prompts_per_step: int, seed: int,
+    val_size: int | None = None,
 ) -> tuple[pathlib.Path, pathlib.Path]:
-    """Load the configured training set and write ``train.parquet`` / ``val.parquet`` under ``out_dir``."""
+    """Load the configured training set and write under ``out_dir`` ``train.parquet`` (``steps`` x
+    ``prompts_per_step`` rows, engine=local's schedule for ``seed``) and ``val.parquet`` (the last ``val_size``
+    examples, for verl's optional validation)."""
     examples = load_examples(cfg)
-    train, val = split_examples(examples, default_val_size(len(examples)) if val_size is None else val_size)
+    _, val = split_examples(examples, default_val_size(len(examples)) if val_size is None else val_size)
+    train = scheduled_examples(examples, steps, prompts_per_step, seed, cfg.shuffle)
     out = pathlib.Path(out_dir)
     return (
         write_parquet([example_to_row(e, cfg, "train") for e in train], out / "train.parquet"),
