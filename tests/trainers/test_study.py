@@ -396,7 +396,7 @@ def test_parallel_is_capped_at_what_the_gpu_holds(tmp_path):
     assert run_parallel(cfg, total_gb=10.0) == 1  # never fewer than one
     cpu = load_study(_write(tmp_path, body + "train: {model.device: cpu}\n"))
     assert run_parallel(cpu, total_gb=10.0) == 16  # CPU runs: no GPU cap
-    uncapped = load_study(_write(tmp_path, body.replace("gpu_gb_per_run: 19\n", "") + "train: {model.device: cuda}\n"))
-    assert run_parallel(uncapped, total_gb=10.0) == 16
+    no_cap = body.replace("gpu_gb_per_run: 19\n", "")
+    assert run_parallel(load_study(_write(tmp_path, no_cap + "train: {model.device: cuda}\n")), total_gb=10.0) == 16
     with pytest.raises(StudyError, match="gpu_gb_per_run must be a number >= 0"):
         load_study(_write(tmp_path, body.replace("19", "-1")))

@@ -20,8 +20,8 @@ STOP_GRACE_S = 90.0
 
 
 def gpu_total_gb() -> float | None:
-    """The first visible GPU's memory in GB, from ``nvidia-smi`` (no CUDA context in the study's own process);
-    None without one."""
+    """The first GPU's memory in GB, from ``nvidia-smi`` (no CUDA context in the study's own process); None
+    without one."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30, check=True).stdout.split()
