@@ -8,6 +8,11 @@ file order and a later row of the same step replaces an earlier one (a resumed r
 interrupted one may). Per run: the per-step series of the compared quantities, their means, and the reward's
 mean over the first and the last five steps. The two engines name the quantities differently; a metric is
 found under any of its names, also behind a prefix (verl reports the loss's metrics under ``actor/``).
+
+With runs named ``verl`` and ``local``, ``prompts`` says whether they trained on the same prompts at each step:
+for every question the local run logged (``samples.jsonl``, a few per step), whether verl's ``data/train.parquet``
+holds it among that step's rows (``prompts_per_step`` rows a step, read unshuffled; ``trainers/engines/
+verl_data.py``). Example: local logged "What is 8 + 7?" at step 1 and verl's first 4 rows hold it: step 1 same.
 """
 from __future__ import annotations
 
@@ -65,6 +70,33 @@ def summarise(run: pathlib.Path) -> dict:
     return out
 
 
+def _prompts_per_step(run: pathlib.Path) -> int | None:
+    """``rollout.prompts_per_step`` of the run's resolved ``config.yaml`` (the trainer writes it)."""
+    import yaml
+
+    cfg = run / "config.yaml"
+    return int(yaml.safe_load(cfg.read_text())["rollout"]["prompts_per_step"]) if cfg.is_file() else None
+
+
+def same_prompts(verl: pathlib.Path, local: pathlib.Path, prompts_per_step: int) -> dict | None:
+    """Per step the local run logged a sample of: whether verl's rows of that step hold the sample's question;
+    None without verl's parquet or local samples."""
+    parquet, samples = verl / "data" / "train.parquet", local / "samples.jsonl"
+    if not parquet.is_file() or not samples.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    questions = [row["extra_info"]["question"] for row in pq.read_table(parquet).to_pylist()]
+    logged: dict[int, set[str]] = {}
+    for line in samples.read_text().splitlines():
+        if line.strip():
+            s = json.loads(line)
+            logged.setdefault(int(s["step"]), set()).add(s["question"])
+    k = prompts_per_step
+    same = {step: qs <= set(questions[(step - 1) * k: step * k]) for step, qs in sorted(logged.items())}
+    return {"steps": len(same), "same": sum(same.values()), "differ_at": [s for s, ok in same.items() if not ok]}
+
+
 def main(argv: list[str]) -> int:
     if not argv or any("=" not in a for a in argv):
         print("usage: python scripts/verl_e2e_metrics.py NAME=RUN_DIR [NAME=RUN_DIR ...]", file=sys.stderr)
@@ -74,7 +106,11 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"error: no metrics*.jsonl in {missing[0]}", file=sys.stderr)
         return 1
-    print(json.dumps({name: summarise(pathlib.Path(d)) for name, d in runs.items()}, indent=2))
+    out = {name: summarise(pathlib.Path(d)) for name, d in runs.items()}
+    if "verl" in runs and "local" in runs:
+        k = _prompts_per_step(pathlib.Path(runs["local"]))
+        out["prompts"] = None if k is None else same_prompts(pathlib.Path(runs["verl"]), pathlib.Path(runs["local"]), k)
+    print(json.dumps(out, indent=2))
     return 0
 
 
