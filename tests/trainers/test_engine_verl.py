@@ -301,6 +301,20 @@ def _fake_engine_cls(tokenizer_dir):
     return FakeEngine
 
 
+def test_install_names_the_recipes_only_where_the_driver_set_one():
+    """A worker (MINITE_RECIPE set) gets a warning naming both recipes; a process without it (the driver, which
+    loads the entry point too) an info line that says its modules keep their linears, never "learner recipe bf16"."""
+    import logging
+
+    recipe = json.dumps({"name": "nvfp4_per_token_w1x16_bf16_bwd"})
+    level, msg = verl_patch.install_message({verl_patch.ENV_RECIPE: recipe,
+                                             verl_patch.ENV_SAMPLER_RECIPE: "nvfp4_per_token_w1x16_bf16_bwd"})
+    assert level == logging.WARNING
+    assert msg.endswith("(learner recipe nvfp4_per_token_w1x16_bf16_bwd, sampler recipe nvfp4_per_token_w1x16_bf16_bwd)")
+    level, msg = verl_patch.install_message({})
+    assert level == logging.INFO and "$MINITE_RECIPE is unset in this process" in msg and "bf16" not in msg
+
+
 def test_patch_swaps_linears_and_keeps_state_dict(qwen3_tokenizer_dir, monkeypatch):
     from minite_kernels.modules import Linear
 

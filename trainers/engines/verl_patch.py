@@ -155,12 +155,22 @@ def install() -> bool:
 
     patched = wrap_engine_class(FSDPEngine)
     if patched:
-        logger.warning(
-            "minite: FSDPEngine._build_module wrapped (learner recipe %s, sampler recipe %s)",
-            recipe_label(learner_recipe()),
-            os.environ.get(ENV_SAMPLER_RECIPE) or "bf16",
-        )
+        level, message = install_message()
+        logger.log(level, message)
     return patched
+
+
+def install_message(env: dict[str, str] | None = None) -> tuple[int, str]:
+    """What :func:`install` logs: a warning naming the recipes where ``$MINITE_RECIPE`` sets a learner recipe (a
+    verl worker), else an info line (a process the driver did not set it for, e.g. the driver itself, where the
+    entry point loads this module too: a warning saying "bf16" there read as if the run trained in BF16)."""
+    env = os.environ if env is None else env
+    recipe = learner_recipe(env)
+    if recipe is None:
+        return logging.INFO, (f"minite: FSDPEngine._build_module wrapped; ${ENV_RECIPE} is unset in this process, "
+                              "so modules built here keep their linears")
+    return logging.WARNING, (f"minite: FSDPEngine._build_module wrapped (learner recipe {recipe_label(recipe)}, "
+                             f"sampler recipe {env.get(ENV_SAMPLER_RECIPE) or 'bf16'})")
 
 
 def compute_score(
