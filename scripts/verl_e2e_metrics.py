@@ -108,8 +108,9 @@ def main(argv: list[str]) -> int:
         return 1
     out = {name: summarise(pathlib.Path(d)) for name, d in runs.items()}
     if "verl" in runs and "local" in runs:
-        k = _prompts_per_step(pathlib.Path(runs["local"]))
-        out["prompts"] = None if k is None else same_prompts(pathlib.Path(runs["verl"]), pathlib.Path(runs["local"]), k)
+        verl, local = pathlib.Path(runs["verl"]), pathlib.Path(runs["local"])
+        k = _prompts_per_step(local)
+        out["prompts"] = None if k is None else same_prompts(verl, local, k)
     print(json.dumps(out, indent=2))
     return 0
 

@@ -162,8 +162,9 @@ def install() -> bool:
 
 def install_message(env: dict[str, str] | None = None) -> tuple[int, str]:
     """What :func:`install` logs: a warning naming the recipes where ``$MINITE_RECIPE`` sets a learner recipe (a
-    verl worker), else an info line (a process the driver did not set it for, e.g. the driver itself, where the
-    entry point loads this module too: a warning saying "bf16" there read as if the run trained in BF16)."""
+    verl worker), else an info line (a process the driver did not set it for, such as the driver itself, which
+    loads this module through the entry point too but builds no module: naming "bf16" there would read as if
+    the run trained in BF16)."""
     env = os.environ if env is None else env
     recipe = learner_recipe(env)
     if recipe is None:

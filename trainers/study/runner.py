@@ -135,6 +135,8 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         jobs.append((f"{arm}/seed{seed}", [sys.executable, "-m", "trainers.grpo", *train_args(cfg, arm, seed)],
                      cfg.root / "logs" / f"{arm}-seed{seed}.train.log"))
     stop_at = None if train_seconds is None else time.monotonic() + train_seconds
+    # fewer runs at once on a smaller GPU; each run's trainer.cpu_threads stays cfg.parallel's share (train_args), so
+    # its CPU-side numbers do not depend on the GPU it ran on
     parallel = run_parallel(cfg)
     if parallel < cfg.parallel:
         say(f"{parallel} runs at once, not {cfg.parallel}: {cfg.gpu_gb_per_run:g} GB each on this GPU")
