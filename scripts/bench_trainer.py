@@ -2,6 +2,7 @@
 
     python scripts/bench_trainer.py                       # CUDA: randomly initialised Qwen3-0.6B-shaped model
     python scripts/bench_trainer.py --shape 4b --fp4-weights auto   # Qwen3-4B shape (rollout.models.QWEN3_SHAPES)
+    python scripts/bench_trainer.py --shape 4b --sequential --micro-batch 8   # one model on the GPU at a time
     python scripts/bench_trainer.py --device cpu --tiny --reps 1 --prompts 2 --n 2 --max-new-tokens 8   # smoke
 
 Both precisions run the trainer's own components: its sampler (``--sampler``: ``auto`` is the CUDA-graph engine
@@ -19,7 +20,11 @@ Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same
 both recipes generate the same number of tokens. Every recipe's model stays in memory: one warm-up step each, then
 ``--reps`` timed steps, each running every recipe once in an order that rotates from step to step
 (``timed_orders`` in the JSON), so that machine drift and the position in the process fall on all recipes alike;
-medians are reported. Each phase is timed with device synchronisation around it (phases last seconds).
+medians are reported. With ``--sequential`` only one recipe's model is on the device at a time, as in a trainer
+(at 4B two models and their AdamW leave an 80 GB GPU room for micro-batch 4 only): the base weights wait in host
+memory, and each of ``--rounds`` rounds builds every recipe's model, sampler and optimizer from them in turn,
+warms it up, times ``--reps`` steps and frees it; the order alternates between rounds (A B, B A, ...) and step k
+of a round draws with the same seed for every recipe. Each phase is timed with device synchronisation around it (phases last seconds).
 
 Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step, tokens/s and
 the sampler-vs-learner mean |gap|, plus ``ratio[recipe]`` = the first recipe's seconds / that recipe's seconds
@@ -232,6 +237,64 @@ def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None =
     return out
 
 
+def _free(run: dict, dev) -> None:
+    """Drop a recipe's model, sampler and optimizer and hand their device memory back (``--sequential``)."""
+    import gc
+
+    import torch
+
+    run.clear()
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+
+
+def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, list]:
+    """``--sequential``: per round, each recipe alone on the device (set up, one warm-up step, ``--reps`` timed
+    steps, then the ``--profile`` / ``--host-profile`` steps in the last round, freed). Returns the timed rows
+    per recipe, each recipe's precision, sampler description and profiles from its last round, and the order
+    of every round."""
+    from rollout import SamplingParams
+
+    rows: dict[str, list] = {recipe: [] for recipe in names}
+    last: dict[str, dict] = {}
+    orders = []
+    for r in range(a.rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        orders.append(list(order))
+        for recipe in order:
+            run = _setup(recipe, base, tok, dev, a)
+            for k in range(a.reps + 1):
+                seed = r * (a.reps + 1) + k
+                _activate({recipe: run}, recipe, dev, False)
+                m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed)
+                if k > 0:
+                    rows[recipe].append(m)
+            if r == a.rounds - 1:
+                extra = _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=a.rounds * (a.reps + 1))
+                last[recipe] = {**extra, "precision": run["precision"], "sampler": run["sampler"].describe()}
+            _free(run, dev)
+    return rows, last, orders
+
+
+def _profiled_steps(run, recipe, dev, a, tok, prompts, *, seed_from: int, runs: dict | None = None) -> dict:
+    """With ``--profile`` / ``--host-profile``, one more step of ``recipe`` under each profiler (not timed):
+    ``{"profile": ..., "host_profile": ...}`` as present."""
+    from rollout import SamplingParams
+
+    out = {}
+    extra = [(a.profile, recipe)] if a.profile else []
+    extra += [("host", recipe)] if a.host_profile else []
+    for i, prof in enumerate(extra):
+        seed = seed_from + i
+        _activate(runs if runs is not None else {recipe: run}, recipe, dev, a.offload_idle and runs is not None)
+        m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
+        key = "host_profile" if prof[0] == "host" else "profile"
+        out[key] = m[key]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -265,7 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offload-idle", action="store_true",
                     help="keep only the stepping recipe's optimizer state on the GPU, the others' in host memory "
                          "(moved between steps, not timed): two 4B models with their AdamW then fit one 80 GB GPU")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one recipe's model on the device at a time (rebuilt from host-memory weights each round; "
+                         "the order alternates between rounds): larger micro-batches fit, as in a trainer")
+    ap.add_argument("--rounds", type=int, default=2, help="--sequential: rounds of every recipe (default 2)")
     a = ap.parse_args(argv)
+    if a.sequential and a.offload_idle:
+        ap.error("--sequential keeps one recipe on the device at a time; --offload-idle is for the interleaved mode")
+    if a.rounds < 1 or a.reps < 1:
+        ap.error(f"--rounds and --reps must be >= 1, got {a.rounds} and {a.reps}")
 
     import torch
 
@@ -286,6 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     examples = arithmetic_examples(a.prompts, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
     names = a.recipes.split(",")
+    results: dict[str, dict] = {}
+    if a.sequential:
+        base = base.to("cpu")  # made on the device (fast), waiting in host memory between rounds
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        rows, last, orders = _sequential_rounds(names, base, tok, dev, prompts, a)
+        for recipe in names:
+            results[recipe] = _summary(rows[recipe]) | last[recipe]
+        return _report(a, dev, names, results, orders)
     runs = {recipe: _setup(recipe, base, tok, dev, a, last=i == len(names) - 1) for i, recipe in enumerate(names)}
     rows: dict[str, list] = {recipe: [] for recipe in names}
     orders: list[list[str]] = []
@@ -303,34 +383,33 @@ def main(argv: list[str] | None = None) -> int:
                 rows[recipe].append(m)
         if step > 0:
             orders.append(order)
-    results: dict[str, dict] = {}
     for recipe in names:
         run = runs[recipe]
-        med = {key: statistics.median(r[key] for r in rows[recipe]) for key in rows[recipe][0]
-               if key != "alloc_retries"}
-        if "alloc_retries" in rows[recipe][0]:  # summed over the timed steps, per phase
-            med["alloc_retries"] = {p: sum(r["alloc_retries"][p] for r in rows[recipe])
-                                    for p in rows[recipe][0]["alloc_retries"]}
-        # with --profile / --host-profile, one more step per recipe under that profiler (not a timed one)
-        extra = [(a.profile, recipe)] if a.profile else []
-        extra += [("host", recipe)] if a.host_profile else []
-        for i, prof in enumerate(extra):
-            seed = a.reps + 1 + i
-            _activate(runs, recipe, dev, a.offload_idle)
-            m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
-            key = "host_profile" if prof[0] == "host" else "profile"
-            med[key] = m[key]
-        med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
-        med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
-        med["precision"] = run["precision"]
-        med["sampler"] = run["sampler"].describe()
-        results[recipe] = med
+        extra = _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=a.reps + 1, runs=runs)
+        results[recipe] = _summary(rows[recipe]) | extra | {"precision": run["precision"],
+                                                            "sampler": run["sampler"].describe()}
+    return _report(a, dev, names, results, orders)
+
+
+def _summary(rows: list[dict]) -> dict:
+    """Medians over a recipe's timed steps (allocator retries summed per phase), and tokens/s from them."""
+    med = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key != "alloc_retries"}
+    if "alloc_retries" in rows[0]:
+        med["alloc_retries"] = {p: sum(r["alloc_retries"][p] for r in rows) for p in rows[0]["alloc_retries"]}
+    med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
+    med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
+    return med
+
+
+def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
+    import torch
+
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype,
            "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__,
-           "offload_idle": a.offload_idle,
+           "offload_idle": a.offload_idle, "sequential": a.sequential, "rounds": a.rounds if a.sequential else None,
            "timed_orders": orders, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if len(names) >= 2:

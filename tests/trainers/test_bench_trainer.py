@@ -102,3 +102,46 @@ def test_a_recipe_resyncs_only_after_another_recipes_optimizer_step(capsys, monk
     # orders: [bf16, nvfp4], [nvfp4, bf16], [bf16, nvfp4]: bf16 stepped between nvfp4's steps 2 and 3 only
     assert len(calls) == 3 + 1
     capsys.readouterr()
+
+
+def test_bench_trainer_sequential_rounds(capsys, monkeypatch):
+    """``--sequential``: one recipe's model at a time, rounds in alternating order, every timed step kept."""
+    mod = _script(monkeypatch)
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--sequential",
+                   "--rounds", "2", "--host-profile"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    nv = "nvfp4_per_token_bf16_bwd"
+    assert out["sequential"] is True and out["rounds"] == 2
+    assert out["timed_orders"] == [["bf16", nv], [nv, "bf16"]]
+    assert out["results"][nv]["precision"]["patched"] is True
+    assert out["results"]["bf16"]["response_tokens"] == 2 * 2 * 4
+    assert set(out["results"][nv]["host_profile"]) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
+    assert out["ratio"][nv]["step_s"] > 0
+
+
+def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
+    """What ``--sequential`` relies on: after a step and ``_free`` no reference keeps a recipe's model alive."""
+    import gc
+    import types
+    import weakref
+
+    import torch
+
+    from rollout import SamplingParams
+    from rollout.models import tiny_random_qwen3
+    from trainers.config import DataConfig
+    from trainers.data import arithmetic_examples, render_prompt
+
+    mod = _script(monkeypatch)
+    base, tok = tiny_random_qwen3(mod.REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0)
+    a = types.SimpleNamespace(backend="auto", sampler="auto", norm_quant="auto", fp4_weights="auto", ignore_eos=True,
+                              micro_batch=4, micro_batch_tokens=0)
+    run = mod._setup("nvfp4_per_token_bf16_bwd", base, tok, torch.device("cpu"), a)
+    prompts = [render_prompt(tok, ex, DataConfig()) for ex in arithmetic_examples(2, (3,), seed=0)]
+    mod._step(run, tok, prompts, SamplingParams(max_new_tokens=4, seed=0), a, 0)
+    model = weakref.ref(run["model"])
+    mod._free(run, torch.device("cpu"))
+    gc.collect()
+    assert run == {} and model() is None
