@@ -24,7 +24,8 @@ medians are reported. With ``--sequential`` only one recipe's model is on the de
 (at 4B two models and their AdamW leave an 80 GB GPU room for micro-batch 4 only): the base weights wait in host
 memory, and each of ``--rounds`` rounds builds every recipe's model, sampler and optimizer from them in turn,
 warms it up, times ``--reps`` steps and frees it; the order alternates between rounds (A B, B A, ...) and step k
-of a round draws with the same seed for every recipe. Each phase is timed with device synchronisation around it (phases last seconds).
+of a round draws with the same seed for every recipe. Each phase is timed with device synchronisation around it
+(phases last seconds).
 
 Prints one JSON line: per recipe the median seconds of rollout / logprob / update / sync / step, tokens/s and
 the sampler-vs-learner mean |gap|, plus ``ratio[recipe]`` = the first recipe's seconds / that recipe's seconds
@@ -218,10 +219,10 @@ def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
     if run["weight_sync"] is not None and run.get("synced_at", optimizer_epoch()) != optimizer_epoch():
         run["weight_sync"]()
     if offload:
-        for name, run in runs.items():
+        for name, other in runs.items():
             if name != recipe:
-                move_optimizer_state(run["opt"], "cpu")
-        move_optimizer_state(runs[recipe]["opt"], dev)
+                move_optimizer_state(other["opt"], "cpu")
+        move_optimizer_state(run["opt"], dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)

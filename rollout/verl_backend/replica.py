@@ -5,7 +5,8 @@ One replica per actor worker (one GPU each), in verl's hybrid mode only: ``launc
 actor on the worker's node, named ``minite_server_<replica>_0``, whose handle verl's ``LLMServerClient`` calls
 (``generate``, ``sleep``, ``wake_up``, ``abort_all_requests``, ...). The server forwards each batch to the
 engine inside the worker with Ray's ``__ray_call__`` (:func:`call_engine`), which runs it on the engine's own
-thread (Ray would run it on a fiber with a small stack). There is no HTTP endpoint: ``server_address`` is the actor's name.
+thread (Ray would run it on a fiber with a small stack). There is no HTTP endpoint: ``server_address`` is the
+actor's name.
 
 Not served (an error at launch): colocated and standalone modes (``init_colocated`` / ``init_standalone``, e.g. a
 reward or teacher model rolled out by a separate server), since the sampler lives in the actor worker.
