@@ -109,7 +109,7 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
 
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
-             weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0) -> dict:
+             weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0, logprob_micro: int = 0) -> dict:
     import torch
 
     from trainers.learner.batch import collate, micro_batches
@@ -125,11 +125,13 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     adv = (torch.randint(0, 2, (B, 1), generator=g).float() * 2 - 1).to(dev)
     ntok = b.response_mask.sum()
     chunks = micro_batches(b, torch.arange(B, device=dev), micro, micro_tokens)
+    # the recompute's own micro-batches, as the trainer's algorithm.log_prob_micro_batch_size (0: the update's)
+    lp_chunks = micro_batches(b, torch.arange(B, device=dev), logprob_micro, 0) if logprob_micro else chunks
 
     def recompute():
         old = torch.zeros(B, R, device=dev)
         with torch.no_grad():
-            for rows in chunks:
+            for rows in lp_chunks:
                 sub = b.select(rows)
                 lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
                                           prompt_len=sub.prompt_len, with_entropy=False)
@@ -233,7 +235,7 @@ def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None =
 
     out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
-                   weight_sync=run["weight_sync"], profile=profile)
+                   weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch)
     run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
     return out
 
@@ -307,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--micro-batch-tokens", type=int, default=0,
                     help="token budget per micro-batch as the trainer's algorithm.micro_batch_tokens (0: rows only)")
+    ap.add_argument("--logprob-micro-batch", type=int, default=0,
+                    help="rows per micro-batch of the no-gradient log-prob recompute, as the trainer's "
+                         "algorithm.log_prob_micro_batch_size (0: --micro-batch's micro-batches)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
@@ -336,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.sequential and a.offload_idle:
         ap.error("--sequential keeps one recipe on the device at a time; --offload-idle is for the interleaved mode")
+    if a.logprob_micro_batch < 0:
+        ap.error(f"--logprob-micro-batch must be >= 0 (0: --micro-batch's micro-batches), got {a.logprob_micro_batch}")
     if a.rounds < 1 or a.reps < 1:
         ap.error(f"--rounds and --reps must be >= 1, got {a.rounds} and {a.reps}")
 
@@ -409,7 +416,8 @@ def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
            "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype,
            "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
-           "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens, "torch": torch.__version__,
+           "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens,
+           "logprob_micro_batch": a.logprob_micro_batch or None, "torch": torch.__version__,
            "offload_idle": a.offload_idle, "sequential": a.sequential, "rounds": a.rounds if a.sequential else None,
            "timed_orders": orders, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

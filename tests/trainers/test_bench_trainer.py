@@ -54,6 +54,24 @@ def test_bench_trainer_host_profile(capsys, monkeypatch):
     assert all(row["s"] >= 0 and row["calls"] >= 1 for row in hp["update_s"]["own"])
 
 
+def test_bench_trainer_logprob_micro_batch(capsys, monkeypatch):
+    """``--logprob-micro-batch``: the recompute runs its own micro-batches (here one forward for 4 sequences),
+    the update keeps ``--micro-batch``'s (4 forwards)."""
+    mod = _script(monkeypatch)
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "1", "--recipes", "bf16",
+                   "--logprob-micro-batch", "4", "--host-profile"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["logprob_micro_batch"] == 4 and out["micro_batch"] == 1
+    hp = out["results"]["bf16"]["host_profile"]
+
+    def forwards(phase):
+        return [r["calls"] for r in hp[phase]["cumulative"] if r["fn"].endswith("(response_logprobs)")]
+
+    assert forwards("logprob_s") == [1] and forwards("update_s") == [4]
+
+
 def test_move_optimizer_state_moves_the_moments_and_leaves_the_step(monkeypatch):
     """``--offload-idle`` parks an idle recipe's AdamW moments elsewhere; its scalar step stays put."""
     import torch
@@ -137,7 +155,7 @@ def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     mod = _script(monkeypatch)
     base, tok = tiny_random_qwen3(mod.REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0)
     a = types.SimpleNamespace(backend="auto", sampler="auto", norm_quant="auto", fp4_weights="auto", ignore_eos=True,
-                              micro_batch=4, micro_batch_tokens=0)
+                              micro_batch=4, micro_batch_tokens=0, logprob_micro_batch=0)
     run = mod._setup("nvfp4_per_token_bf16_bwd", base, tok, torch.device("cpu"), a)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in arithmetic_examples(2, (3,), seed=0)]
     mod._step(run, tok, prompts, SamplingParams(max_new_tokens=4, seed=0), a, 0)

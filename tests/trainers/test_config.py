@@ -63,6 +63,7 @@ def test_overrides_grammar():
     (["rollout.n=two"], r"rollout.n='two' must be an integer"),
     (["rollout.n=0"], r"rollout.n=0 must be > 0"),
     (["algorithm.micro_batch_tokens=-8"], r"algorithm.micro_batch_tokens=-8 must be >= 0"),
+    (["algorithm.log_prob_micro_batch_size=-1"], r"algorithm.log_prob_micro_batch_size=-1 must be >= 0"),
     (["rollout.top_p=0.9"], r"truncated sampling is refused"),
     (["precision.learner=nvfp4_per_token", "precision.alignment=strict"], (r"strict alignment makes the sampler "
                                                                            r"compute the learner's bits")),

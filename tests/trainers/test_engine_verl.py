@@ -520,3 +520,16 @@ def test_a_recipe_only_the_driver_knows_reaches_the_workers_whole(qwen3_tokenize
     assert getattr(module, "_minite_verl_patched") == "driver_only_recipe"
     recipes = {m.recipe for m in module.modules() if isinstance(m, Linear)}
     assert recipes == {custom}
+
+
+def test_log_prob_micro_batches_map_to_verls_log_prob_passes(tmp_path):
+    c = _compose(engine.build_verl_overrides(_cfg(
+        tmp_path, "bf16", "algorithm.log_prob_micro_batch_size=16", "algorithm.log_prob_micro_batch_tokens=32768")))
+    a = c.actor_rollout_ref
+    for role in (a.rollout, a.ref):
+        assert role.log_prob_micro_batch_size_per_gpu == 16
+        assert role.log_prob_use_dynamic_bsz is True and role.log_prob_max_token_len_per_gpu == 32768
+    assert a.actor.ppo_micro_batch_size_per_gpu == 4 and a.actor.use_dynamic_bsz is False  # the update keeps its own
+    plain = _compose(engine.build_verl_overrides(_cfg(tmp_path, "bf16"))).actor_rollout_ref
+    assert plain.rollout.log_prob_micro_batch_size_per_gpu == plain.actor.ppo_micro_batch_size_per_gpu
+    assert plain.rollout.log_prob_use_dynamic_bsz is False

@@ -120,9 +120,19 @@ class AlgorithmConfig:
     # verl's use_dynamic_bsz / ppo_max_token_len_per_gpu). On a GPU, small micro-batches leave the learner
     # host-bound: a budget of ~16k tokens with a large micro_batch_size runs few, full forwards
     micro_batch_tokens: int = 0
+    # the old policy's log-prob recompute runs without gradients and holds no activations for a backward, so it
+    # can take larger micro-batches, hence fewer forwards and less host time (verl's
+    # log_prob_micro_batch_size_per_gpu / log_prob_max_token_len_per_gpu). 0: micro_batch_size / micro_batch_tokens
+    log_prob_micro_batch_size: int = 0
+    log_prob_micro_batch_tokens: int = 0
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     # TRIAGE's settings (loss_mode=triage); a recipe names only the fields it changes (+algorithm.triage.x=v)
     triage: TriageConfig = field(default_factory=TriageConfig)
+
+    def log_prob_micro(self) -> tuple[int, int]:
+        """(rows, token budget) of the log-prob recompute's micro-batches."""
+        return (self.log_prob_micro_batch_size or self.micro_batch_size,
+                self.log_prob_micro_batch_tokens or self.micro_batch_tokens)
 
 
 @dataclass(frozen=True)

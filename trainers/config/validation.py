@@ -166,7 +166,8 @@ def _check_values(obj: Any, prefix: str) -> None:
     elif isinstance(obj, AlgorithmConfig):
         _positive(obj, prefix, "ppo_epochs", "mini_batches", "micro_batch_size", "clip_ratio_c")
         _positive(obj, prefix, "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff",
-                  "micro_batch_tokens", allow_zero=True)
+                  "micro_batch_tokens", "log_prob_micro_batch_size", "log_prob_micro_batch_tokens",
+                  allow_zero=True)
         if obj.clip_ratio_c <= 1:
             raise ConfigError(f"{prefix}clip_ratio_c={obj.clip_ratio_c} must be > 1 (dual-clip bound)")
     elif isinstance(obj, OptimConfig):

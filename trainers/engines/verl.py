@@ -345,11 +345,16 @@ def build_verl_overrides(cfg: Config) -> list[str]:
         )
     put("actor_rollout_ref.actor.ppo_mini_batch_size", mini)
     put("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
-    put("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
-    put("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", cfg.verl.micro_batch_size_per_gpu)
+    for role in ("rollout", "ref"):  # the no-gradient log-prob passes (algorithm.log_prob_micro_batch_*)
+        put(f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu",
+            a.log_prob_micro_batch_size or cfg.verl.micro_batch_size_per_gpu)
     if a.micro_batch_tokens:
         put("actor_rollout_ref.actor.use_dynamic_bsz", True)
         put("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.micro_batch_tokens)
+    if a.log_prob_micro_batch_tokens:  # else verl's log-prob passes follow the actor's (its own interpolation)
+        for role in ("rollout", "ref"):
+            put(f"actor_rollout_ref.{role}.log_prob_use_dynamic_bsz", True)
+            put(f"actor_rollout_ref.{role}.log_prob_max_token_len_per_gpu", a.log_prob_micro_batch_tokens)
     put("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs)
     put("actor_rollout_ref.actor.clip_ratio", a.clip_ratio)
     put("actor_rollout_ref.actor.clip_ratio_low", a.clip_ratio_low)

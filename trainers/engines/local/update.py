@@ -29,10 +29,9 @@ class LearnerMixin:
         B, R = batch.response_mask.shape
         old = torch.zeros((B, R), device=self.device)
         ent = torch.zeros((B, R), device=self.device)
-        alg = self.cfg.algorithm
+        rows_per_micro, tokens_per_micro = self.cfg.algorithm.log_prob_micro()
         self.model.eval()
-        for rows in micro_batches(batch, torch.arange(B, device=self.device), alg.micro_batch_size,
-                                  alg.micro_batch_tokens):
+        for rows in micro_batches(batch, torch.arange(B, device=self.device), rows_per_micro, tokens_per_micro):
             lp, en, r = self._logprobs(batch, rows, grad=False, with_entropy=True)
             old[rows, :r] = lp
             ent[rows, :r] = en
