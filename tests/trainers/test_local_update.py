@@ -47,7 +47,7 @@ def test_recompute_uses_the_log_prob_micro_batches_and_places_every_row():
                           (["algorithm.micro_batch_size=2", "algorithm.log_prob_micro_batch_size=16"], 1)):
         learner = _Learner(extra)
         old, ent = learner._recompute_old(batch)
-        assert len(learner.calls) == splits and sorted(sum(learner.calls, [])) == list(range(10))
+        assert len(learner.calls) == splits and sorted(r for call in learner.calls for r in call) == list(range(10))
         m = batch.response_mask.bool()
         assert torch.equal(old[m], want[m]) and torch.equal(ent[m], -want[m]) and not old[~m].any()
         runs[splits] = old
