@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import re
 import sys
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="bench_fp4w.py --sweep JSON lines")
     a = p.parse_args(argv)
-    lines = [ln for f in a.files for ln in open(f).read().splitlines() if ln.strip()]
+    lines = [ln for f in a.files for ln in pathlib.Path(f).read_text().splitlines() if ln.strip()]
     out = analyse(lines)
     print(json.dumps(out))
     return 0
