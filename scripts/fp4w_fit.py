@@ -22,16 +22,19 @@ import pathlib
 import re
 import sys
 
-_KEY = re.compile(r"n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from minite_kernels.backends.triton import fp4w as F  # noqa: E402
+
+_KEY = re.compile(r"n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)")  # bench_fp4w's sweep keys
 
 
-def _block_m(batch: int) -> int:
-    return min(128, max(16, 1 << (batch - 1).bit_length()))
-
-
-def x_reread_bytes(n: int, k: int, batch: int, block_n: int) -> int:
-    """Bytes of X̂ tiles the programs read (from L2): one [BLOCK_M, K] BF16 tile per weight-row tile."""
-    return -(-n // block_n) * _block_m(batch) * k * 2
+def x_reread_bytes(n: int, k: int, batch: int, key: str) -> int:
+    """Bytes of X̂ tiles the programs of sweep configuration ``key`` read (from L2): one [BLOCK_M, K] BF16 tile
+    per weight-row tile, BLOCK_M as the kernel's launcher picks it."""
+    bn, bk, split, warps, stages = map(int, _KEY.match(key).groups())
+    cfg = F.FP4WConfig(block_n=bn, block_k=bk, split=split, num_warps=warps, num_stages=stages)
+    return -(-n // bn) * F._block_m(cfg, batch, bk) * k * 2
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -59,12 +62,12 @@ def analyse(lines: list[str]) -> dict:
         if not timed:
             continue
         best_us, best = min(timed)
-        lean_us, lean = min(timed, key=lambda t: (x_reread_bytes(n, k, b, int(_KEY.match(t[1])[1])), t[0]))
+        lean_us, lean = min(timed, key=lambda t: (x_reread_bytes(n, k, b, t[1]), t[0]))
         calls[(r["shape"], r["case"])] = {  # a case measured twice keeps its last sweep
             "shape": r["shape"], "case": r["case"], "batch": b, "weight_bytes": n * k * 0.5625, "best_us": best_us,
-            "best": best, "x_reread_bytes": x_reread_bytes(n, k, b, int(_KEY.match(best)[1])),
+            "best": best, "x_reread_bytes": x_reread_bytes(n, k, b, best),
             "fewest_x_bytes": lean, "fewest_x_bytes_us": lean_us,
-            "fewest_x_bytes_reread": x_reread_bytes(n, k, b, int(_KEY.match(lean)[1]))}
+            "fewest_x_bytes_reread": x_reread_bytes(n, k, b, lean)}
     per_batch = {}
     for b in sorted({c["batch"] for c in calls.values()}):
         pts = [(c["weight_bytes"], c["best_us"]) for c in calls.values() if c["batch"] == b]

@@ -7,6 +7,8 @@ import pathlib
 import pytest
 from minite_test_support import load_script
 
+pytest.importorskip("triton")
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,7 @@ def test_fit_recovers_a_known_line_and_counts_the_reread_tiles():
     call = out["calls"][0]
     assert call["best"] == "n64k128s1w4p4"
     # 2048 rows in tiles of 64, each reading the whole 16 x 2048 BF16 activation tile
-    assert call["x_reread_bytes"] == 32 * 16 * 2048 * 2 == fitmod.x_reread_bytes(2048, 2048, 16, 64)
+    assert call["x_reread_bytes"] == 32 * 16 * 2048 * 2 == fitmod.x_reread_bytes(2048, 2048, 16, "n64k128s1w4p4")
     assert call["fewest_x_bytes"] == "n128k64s1w4p4" and call["fewest_x_bytes_reread"] == 16 * 16 * 2048 * 2
     with pytest.raises(ValueError, match="at least two projections"):
         fitmod.fit([(1.0, 2.0)])
