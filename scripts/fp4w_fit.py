@@ -24,7 +24,7 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from minite_kernels.backends.triton import fp4w as F  # noqa: E402
+from minite_kernels.backends.triton import fp4w as F
 
 _KEY = re.compile(r"n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)")  # bench_fp4w's sweep keys
 
