@@ -9,7 +9,8 @@ installed verl), fetched as wheels for the device's Python, and packed into part
 
 With ``--have pip_list.json`` (``python3 -m pip list --format=json`` run on the device, one short call) the plan
 leaves out what the device already satisfies, which shrinks the ~300 MB of the full closure. The working tree
-travels with every call, so a part is at most 32 MiB by default. Then carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm,
+travels with every call (about 30 MB), so a part is at most 32 MiB by default; ``--exclude ray`` leaves out ray's
+79 MB, which only ``engine=verl`` needs (5 parts instead of 8 for local-engine runs such as the studies). Then carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm,
 and so on (a carried ignored path stays on the machine between warm calls), and on the last one run
 ``bash scripts/device_wheels_install.sh .whl/parts`` before ``scripts/verl_e2e.sh``.
 
@@ -143,15 +144,20 @@ def fetch(pins: dict[str, str], dest: pathlib.Path, python: str) -> list[str]:
     return built
 
 
-def pack(src: pathlib.Path, dest: pathlib.Path, part_mib: int) -> list[dict]:
+def pack(src: pathlib.Path, dest: pathlib.Path, part_mib: int, exclude: tuple[str, ...] = ()) -> list[dict]:
     """The wheels of ``src`` as tar files of at most ``part_mib`` MiB, largest first; a wheel larger than one part
-    is cut into ``NAME.whl.piece-K`` files that the install script joins again."""
+    is cut into ``NAME.whl.piece-K`` files that the install script joins again. ``exclude``: distributions left
+    out (e.g. ``ray``, 79 MB, which only ``engine=verl`` needs: the local engine's runs import verl's algorithm
+    functions, whose one use of ray, a type hint, ``scripts/device_shims`` provides)."""
+    skip = {canonicalize_name(n) for n in exclude}
     limit = part_mib << 20
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("part-*.tar"):
         old.unlink()
     items: list[tuple[str, bytes]] = []
     for whl in sorted(src.glob("*.whl"), key=lambda p: -p.stat().st_size):
+        if canonicalize_name(whl.name.split("-", 1)[0]) in skip:
+            continue
         data = whl.read_bytes()
         if len(data) <= limit - (1 << 20):
             items.append((whl.name, data))
@@ -188,6 +194,8 @@ def main() -> int:
     p.add_argument("--part-mib", type=int, default=32,
                    help="the most MiB per part (a call carries 64 MiB with the working tree)")
     p.add_argument("--have", default=None, help="`pip list --format=json` from the device: what it already has")
+    p.add_argument("--exclude", action="append", default=[], metavar="NAME",
+                   help="pack: leave this distribution out (repeatable; e.g. ray for local-engine runs)")
     a = p.parse_args()
     have = None
     if a.have:
@@ -201,7 +209,7 @@ def main() -> int:
         built = fetch(pins, pathlib.Path(a.dir), a.python)
         print(json.dumps({"wheels": len(pins), "built_from_source": built}))
     else:
-        print(json.dumps(pack(pathlib.Path(a.dir), pathlib.Path(a.parts), a.part_mib), indent=1))
+        print(json.dumps(pack(pathlib.Path(a.dir), pathlib.Path(a.parts), a.part_mib, tuple(a.exclude)), indent=1))
     return 0
 
 

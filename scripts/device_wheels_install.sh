@@ -21,4 +21,7 @@ for first in "$wheels"/*.whl.piece-0; do
     rm "$whl".piece-*
 done
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
-PYTHONPATH=$site $PY -c "import torch, transformers, verl, ray; print('torch', torch.__version__, 'transformers', transformers.__version__, 'verl', verl.__version__, 'ray', ray.__version__)"
+# ray is absent where the parts were packed with --exclude ray (local-engine runs)
+PYTHONPATH=$site $PY -c "import importlib.util, torch, transformers, verl
+ray = __import__('ray').__version__ if importlib.util.find_spec('ray') else 'not installed'
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'verl', verl.__version__, 'ray', ray)"

@@ -55,6 +55,10 @@ def test_pack_cuts_large_wheels_and_keeps_every_part_under_the_limit(tmp_path):
     pieces = sorted((n for n in files if n.startswith("big-1.0")), key=lambda n: int(n.rsplit("-", 1)[1]))
     assert len(pieces) == 5 and b"".join(files[n] for n in pieces) == big
     assert all(files[f"small{i}-1.0-py3-none-any.whl"] == bytes([i]) * (300 << 10) for i in range(4))
+    # a left-out distribution is in no part (names compared canonically)
+    parts = dw.pack(src, dest, part_mib=2, exclude=("Big",))
+    assert sorted(f for p in parts for f in p["files"]) == [f"small{i}-1.0-py3-none-any.whl" for i in range(4)]
+    assert len(list(dest.glob("part-*.tar"))) == len(parts) == 1
 
 
 def test_closure_leaves_out_what_the_device_satisfies():
