@@ -10,8 +10,9 @@ installed verl), fetched as wheels for the device's Python, and packed into part
 With ``--have pip_list.json`` (``python3 -m pip list --format=json`` run on the device, one short call) the plan
 leaves out what the device already satisfies, which shrinks the ~300 MB of the full closure. The working tree
 travels with every call (about 30 MB), so a part is at most 32 MiB by default; ``--exclude ray`` leaves out ray's
-79 MB, which only ``engine=verl`` needs (5 parts instead of 8 for local-engine runs such as the studies). Then carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm,
-and so on (a carried ignored path stays on the machine between warm calls), and on the last one run
+79 MB, which only ``engine=verl`` needs (5 parts instead of 8 for local-engine runs such as the studies). Then
+carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm, and
+so on (a carried ignored path stays on the machine between warm calls), and on the last one run
 ``bash scripts/device_wheels_install.sh .whl/parts`` before ``scripts/verl_e2e.sh``.
 
 What the device already has is left out by name (:data:`ON_DEVICE`): its torch / triton / CUDA wheels are the ones
