@@ -125,8 +125,10 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     adv = (torch.randint(0, 2, (B, 1), generator=g).float() * 2 - 1).to(dev)
     ntok = b.response_mask.sum()
     chunks = micro_batches(b, torch.arange(B, device=dev), micro, micro_tokens)
-    # the recompute's own micro-batches, as the trainer's algorithm.log_prob_micro_batch_size (0: the update's)
-    lp_chunks = micro_batches(b, torch.arange(B, device=dev), logprob_micro, 0) if logprob_micro else chunks
+    # the recompute's own micro-batches, by the trainer's rule (AlgorithmConfig.log_prob_micro): its own rows, the
+    # update's token budget; 0: the update's micro-batches
+    lp_chunks = (micro_batches(b, torch.arange(B, device=dev), logprob_micro, micro_tokens) if logprob_micro
+                 else chunks)
 
     def recompute():
         old = torch.zeros(B, R, device=dev)
