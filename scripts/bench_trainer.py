@@ -1,4 +1,4 @@
-"""One GRPO step (rollout + log-prob recompute + update + weight sync), BF16 vs NVFP4, side by side.
+"""One GRPO step (rollout, old log-probs, update, weight sync), BF16 vs NVFP4, side by side.
 
     python scripts/bench_trainer.py                       # CUDA: randomly initialised Qwen3-0.6B-shaped model
     python scripts/bench_trainer.py --shape 4b --fp4-weights auto   # Qwen3-4B shape (rollout.models.QWEN3_SHAPES)
@@ -7,7 +7,8 @@
 
 Both precisions run the trainer's own components: its sampler (``--sampler``: ``auto`` is the CUDA-graph engine
 on CUDA, ``loop`` the reference KV-cache loop), the
-chunked log-prob recompute (``trainers.learner.logprobs``), AdamW with gradient clipping, minite's
+chunked log-probs (``trainers.learner.logprobs``; the old policy's from the update's own forward, as the trainer's
+default ``algorithm.old_log_prob=auto``, or ``--old-log-prob recompute`` from a no-gradient pass first), AdamW with gradient clipping, minite's
 ``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
 training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step: on CUDA with
 Triton, ``ModelWeightSync`` into the buffers the sampler's graphs read, then, as the trainer, a 1-token forward for the
@@ -109,7 +110,8 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
 
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
-             weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0, logprob_micro: int = 0) -> dict:
+             weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0, logprob_micro: int = 0,
+             old_from_update: bool = False) -> dict:
     import torch
 
     from trainers.learner.batch import collate, micro_batches
@@ -140,7 +142,11 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
                 old[rows, :lp.shape[1]] = lp
         return old
 
-    old = _timed(t, "logprob_s", dev, recompute, profile)
+    if old_from_update:  # as the trainer's algorithm.old_log_prob=auto: the update's forward gives them
+        old = torch.zeros(B, R, device=dev)
+        t["logprob_s"] = 0.0
+    else:
+        old = _timed(t, "logprob_s", dev, recompute, profile)
 
     def update():
         model.train()
@@ -148,8 +154,11 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         for rows in chunks:
             sub = b.select(rows)
             r = sub.response_mask.shape[1]
+            # the trainer's update computes the entropies too where its forward stands in for the recompute
             lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                                      prompt_len=sub.prompt_len, with_entropy=False)
+                                      prompt_len=sub.prompt_len, with_entropy=old_from_update)
+            if old_from_update:
+                old[rows, :r] = lp.detach()
             ratio = torch.exp(lp - old[rows, :r])
             loss = -(adv[rows] * ratio * sub.response_mask).sum() / ntok
             loss.backward()
@@ -237,7 +246,8 @@ def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None =
 
     out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
-                   weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch)
+                   weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch,
+                   old_from_update=a.old_log_prob == "auto")
     run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
     return out
 
@@ -314,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logprob-micro-batch", type=int, default=0,
                     help="rows per micro-batch of the no-gradient log-prob recompute, as the trainer's "
                          "algorithm.log_prob_micro_batch_size (0: --micro-batch's micro-batches)")
+    ap.add_argument("--old-log-prob", choices=("auto", "recompute"), default="auto",
+                    help="as the trainer's algorithm.old_log_prob: auto (this update is one epoch of one mini-batch) "
+                         "takes the old log-probs from the update's forward, no recompute; recompute: the "
+                         "no-gradient pass first")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
@@ -419,7 +433,8 @@ def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
            "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens,
-           "logprob_micro_batch": a.logprob_micro_batch or None, "torch": torch.__version__,
+           "logprob_micro_batch": a.logprob_micro_batch or None, "old_log_prob": a.old_log_prob,
+           "torch": torch.__version__,
            "offload_idle": a.offload_idle, "sequential": a.sequential, "rounds": a.rounds if a.sequential else None,
            "timed_orders": orders, "results": results,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

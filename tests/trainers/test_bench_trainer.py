@@ -31,10 +31,13 @@ def test_bench_trainer_cpu_smoke(capsys, monkeypatch, tmp_path):
     assert out["ratio"]["nvfp4_per_token_bf16_bwd"]["step_s"] > 0
     # the timed step runs both recipes, in the order rotated once from the warm-up's
     assert out["timed_orders"] == [["nvfp4_per_token_bf16_bwd", "bf16"]]
-    # the profiled step: one kernel table per recipe and phase, each naming where its time went
+    # the profiled step: one kernel table per recipe and phase, each naming where its time went; the update's forward
+    # gives the old log-probs (--old-log-prob auto, the trainer's default), so there is no recompute phase
+    assert out["old_log_prob"] == "auto"
     for recipe in ("bf16", "nvfp4_per_token_bf16_bwd"):
+        assert out["results"][recipe]["logprob_s"] == 0.0
         prof = out["results"][recipe]["profile"]
-        assert set(prof) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
+        assert set(prof) == {"rollout_s", "update_s", "sync_s"}
         assert prof["update_s"]["top"] and prof["update_s"]["busy_s"] > 0
         table = json.loads((tmp_path / f"profile_{recipe}_update.json").read_text())
         assert any("mm" in k["kernel"] for k in table["kernels"])  # the backward's matmuls are on the table
@@ -45,7 +48,7 @@ def test_bench_trainer_host_profile(capsys, monkeypatch):
     mod = _script(monkeypatch)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
                    "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "4", "--recipes", "bf16",
-                   "--host-profile"])
+                   "--host-profile", "--old-log-prob", "recompute"])
     assert rc == 0
     hp = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]["bf16"]["host_profile"]
     assert set(hp) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
@@ -60,7 +63,7 @@ def test_bench_trainer_logprob_micro_batch(capsys, monkeypatch):
     mod = _script(monkeypatch)
     rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
                    "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "1", "--recipes", "bf16",
-                   "--logprob-micro-batch", "4", "--host-profile"])
+                   "--logprob-micro-batch", "4", "--host-profile", "--old-log-prob", "recompute"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["logprob_micro_batch"] == 4 and out["micro_batch"] == 1
@@ -70,6 +73,25 @@ def test_bench_trainer_logprob_micro_batch(capsys, monkeypatch):
         return [r["calls"] for r in hp[phase]["cumulative"] if r["fn"].endswith("(response_logprobs)")]
 
     assert forwards("logprob_s") == [1] and forwards("update_s") == [4]
+
+
+def test_bench_trainer_old_log_probs_from_the_update(capsys, monkeypatch):
+    """``--old-log-prob auto`` drops the recompute's forwards; the update's forwards (the same micro-batches here)
+    give the same old log-probs, hence the same sampler/learner gap, as the recompute."""
+    mod = _script(monkeypatch)
+    out = {}
+    for mode in ("recompute", "auto"):
+        assert mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2",
+                         "--max-new-tokens", "4", "--dtype", "float32", "--micro-batch", "2", "--recipes", "bf16",
+                         "--host-profile", "--old-log-prob", mode]) == 0
+        out[mode] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]["bf16"]
+    calls = {mode: {phase: [r["calls"] for r in r_["host_profile"][phase]["cumulative"]
+                            if r["fn"].endswith("(response_logprobs)")] for phase in r_["host_profile"]}
+             for mode, r_ in out.items()}
+    assert calls["recompute"]["logprob_s"] == [2] and calls["recompute"]["update_s"] == [2]
+    assert "logprob_s" not in calls["auto"] and calls["auto"]["update_s"] == [2]
+    assert out["auto"]["logprob_s"] == 0.0 < out["recompute"]["logprob_s"]
+    assert out["auto"]["abs_gap_mean"] == out["recompute"]["abs_gap_mean"] > 0
 
 
 def test_move_optimizer_state_moves_the_moments_and_leaves_the_step(monkeypatch):
@@ -135,7 +157,7 @@ def test_bench_trainer_sequential_rounds(capsys, monkeypatch):
     assert out["timed_orders"] == [["bf16", nv], [nv, "bf16"]]
     assert out["results"][nv]["precision"]["patched"] is True
     assert out["results"]["bf16"]["response_tokens"] == 2 * 2 * 4
-    assert set(out["results"][nv]["host_profile"]) == {"rollout_s", "logprob_s", "update_s", "sync_s"}
+    assert set(out["results"][nv]["host_profile"]) == {"rollout_s", "update_s", "sync_s"}
     assert out["ratio"][nv]["step_s"] > 0
 
 
@@ -155,7 +177,7 @@ def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     mod = _script(monkeypatch)
     base, tok = tiny_random_qwen3(mod.REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0)
     a = types.SimpleNamespace(backend="auto", sampler="auto", norm_quant="auto", fp4_weights="auto", ignore_eos=True,
-                              micro_batch=4, micro_batch_tokens=0, logprob_micro_batch=0)
+                              micro_batch=4, micro_batch_tokens=0, logprob_micro_batch=0, old_log_prob="auto")
     run = mod._setup("nvfp4_per_token_bf16_bwd", base, tok, torch.device("cpu"), a)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in arithmetic_examples(2, (3,), seed=0)]
     mod._step(run, tok, prompts, SamplingParams(max_new_tokens=4, seed=0), a, 0)

@@ -125,6 +125,12 @@ class AlgorithmConfig:
     # log_prob_micro_batch_size_per_gpu / log_prob_max_token_len_per_gpu). 0: micro_batch_size / micro_batch_tokens
     log_prob_micro_batch_size: int = 0
     log_prob_micro_batch_tokens: int = 0
+    # where the PPO ratio's old log-probs come from. auto: when the update is one epoch of one mini-batch, no
+    # optimizer step falls between the batch's forwards, so the update's own forward is the old policy's: its
+    # detached log-probs are π_old (ratio exactly 1) and the no-gradient recompute, one forward of the batch, is
+    # skipped; otherwise, and under precision.alignment=strict, the recompute. recompute: always the recompute.
+    # engine=verl: verl's trainer always recomputes
+    old_log_prob: Literal["auto", "recompute"] = "auto"
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     # TRIAGE's settings (loss_mode=triage); a recipe names only the fields it changes (+algorithm.triage.x=v)
     triage: TriageConfig = field(default_factory=TriageConfig)
@@ -133,6 +139,11 @@ class AlgorithmConfig:
         """(rows, token budget) of the log-prob recompute's micro-batches."""
         return (self.log_prob_micro_batch_size or self.micro_batch_size,
                 self.log_prob_micro_batch_tokens or self.micro_batch_tokens)
+
+    def old_from_update(self) -> bool:
+        """Whether the update's forward gives the old log-probs (``old_log_prob=auto`` with one epoch of one
+        mini-batch; the step also keeps the recompute under strict alignment)."""
+        return self.old_log_prob == "auto" and self.ppo_epochs == 1 and self.mini_batches == 1
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """One GRPO step, in order: rollout, rewards, GRPO advantages, the learner's old log-probs, the mismatch
-diagnostics, the update, the weight sync, and the step's metrics."""
+diagnostics, the update, the weight sync, and the step's metrics. Where the update is one epoch of one mini-batch
+(``algorithm.old_log_prob=auto``), its own forward gives the old log-probs, and the diagnostics follow it."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
+import torch
 
 from rollout import SamplingParams
 from trainers.engines.local.rollout_phase import SAMPLER_COUNTS
@@ -53,21 +55,36 @@ class StepMixin:
         mask = batch.response_mask
         group_ids = [i // cfg.rollout.n for i in range(len(completions))]
         adv = A.grpo_advantages(scores, mask.cpu(), group_ids, cfg.algorithm.norm_adv_by_std_in_grpo).to(self.device)
-        with timed(t, "timing/logprob_s", self.device):
-            old, ent = self._recompute_old(batch)
         from triage import mismatch_metrics
 
-        delta = (old - batch.sampler_logp) * mask
-        if cfg.precision.alignment == "strict" and bool((delta != 0).any()):
-            raise AlignmentError(
-                f"precision.alignment=strict, step {step + 1}: the learner's log-probs differ from the sampler's "
-                f"on {int((delta != 0).sum())} of {int(mask.sum())} tokens (max |delta| "
-                f"{float(delta.abs().max()):.3g}); strict mode promises equal bits, so the run stops here")
-        metrics: dict[str, float] = dict(mismatch_metrics(delta, adv, mask, self.diag_cfg))
-        weights, rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, mask)
-        metrics.update(rc_metrics)
-        with timed(t, "timing/update_s", self.device):
-            upd, nonfinite = self._update(step, batch, old, adv, weights)
+        # strict alignment checks the no-gradient forward the sampler reproduces, before any update
+        fused = cfg.algorithm.old_from_update() and cfg.precision.alignment != "strict"
+        if fused:  # the update's forward gives the old log-probs (AlgorithmConfig.old_log_prob)
+            old = torch.zeros(mask.shape, device=self.device)
+            ent = torch.zeros_like(old)
+            reached = torch.zeros(mask.shape[0], dtype=torch.bool, device=self.device)
+            t["timing/logprob_s"] = 0.0
+            with timed(t, "timing/update_s", self.device):
+                upd, nonfinite = self._update(step, batch, old, adv, None, fill=(ent, reached))
+            seen = mask * reached[:, None]  # every row, unless a non-finite loss stopped the update early
+            delta = (old - batch.sampler_logp) * seen
+            metrics: dict[str, float] = dict(mismatch_metrics(delta, adv, seen, self.diag_cfg))
+            metrics.update(A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, seen)[1])
+        else:
+            with timed(t, "timing/logprob_s", self.device):
+                old, ent = self._recompute_old(batch)
+            delta = (old - batch.sampler_logp) * mask
+            if cfg.precision.alignment == "strict" and bool((delta != 0).any()):
+                raise AlignmentError(
+                    f"precision.alignment=strict, step {step + 1}: the learner's log-probs differ from the "
+                    f"sampler's on {int((delta != 0).sum())} of {int(mask.sum())} tokens (max |delta| "
+                    f"{float(delta.abs().max()):.3g}); strict mode promises equal bits, so the run stops here")
+            seen = mask
+            metrics = dict(mismatch_metrics(delta, adv, mask, self.diag_cfg))
+            weights, rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, mask)
+            metrics.update(rc_metrics)
+            with timed(t, "timing/update_s", self.device):
+                upd, nonfinite = self._update(step, batch, old, adv, weights)
         for k, v in upd.items():
             metrics.setdefault(k, v)
         with timed(t, "timing/sync_s", self.device):
@@ -82,7 +99,7 @@ class StepMixin:
             "reward/accuracy": float(correct.mean()),
             "reward/solved_groups_frac": float((groups.max(-1).values >= 1).float().mean()),
             "reward/zero_adv_groups_frac": float((groups.std(-1, unbiased=False) == 0).float().mean()),
-            "actor/entropy": float((ent * mask).sum() / mask.sum().clamp(min=1)),
+            "actor/entropy": float((ent * seen).sum() / seen.sum().clamp(min=1)),
             "response/length_mean": float(lengths.float().mean()), "response/length_max": float(lengths.max()),
             "response/clip_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
             "perf/response_tokens": float(ntok), "perf/step_s": step_s,

@@ -38,7 +38,13 @@ class LearnerMixin:
         return old, ent
 
     def _update(self, step: int, batch: RolloutBatch, old: torch.Tensor, adv: torch.Tensor,
-                weights: torch.Tensor | None) -> tuple[dict[str, float], bool]:
+                weights: torch.Tensor | None, fill: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[dict[str, float], bool]:
+        """The PPO update. ``fill = (ent, reached)``: the update's forward gives the old log-probs
+        (``AlgorithmConfig.old_from_update``: one epoch of one mini-batch, so no optimizer step falls between the
+        forwards): each micro-batch's detached log-probs go into ``old`` and its entropies into ``ent`` before its
+        loss, ``reached`` marks its rows, and its rollout-correction weights are made from them (per token or per
+        sequence, so per micro-batch is the whole batch's rule); ``weights`` is then None."""
         cfg, alg = self.cfg, self.cfg.algorithm
         B = batch.response_mask.shape[0]
         mask = batch.response_mask
@@ -55,12 +61,19 @@ class LearnerMixin:
                 self.optimizer.zero_grad(set_to_none=True)
                 pg_loss_sum = 0.0
                 for micro in micro_batches(batch, mini, alg.micro_batch_size, alg.micro_batch_tokens):
-                    logp, ent, r = self._logprobs(batch, micro, grad=True, with_entropy=alg.entropy_coeff > 0)
+                    logp, ent, r = self._logprobs(batch, micro, grad=True,
+                                                  with_entropy=alg.entropy_coeff > 0 or fill is not None)
+                    w = None if weights is None else weights[micro, :r]
+                    if fill is not None:
+                        old[micro, :r] = logp.detach()
+                        fill[0][micro, :r] = ent.detach()
+                        fill[1][micro] = True
+                        w, _ = A.rollout_is_weights(alg, old[micro, :r], batch.sampler_logp[micro, :r],
+                                                    mask[micro, :r])
                     loss, m = A.micro_batch_loss(
                         self.actor_cfg, self.loss_fn, logp=logp, entropy=ent if alg.entropy_coeff > 0 else None,
                         old_logp=old[micro, :r], advantages=adv[micro, :r], mask=mask[micro, :r],
-                        weights=None if weights is None else weights[micro, :r],
-                        sampler_logp=batch.sampler_logp[micro, :r])
+                        weights=w, sampler_logp=batch.sampler_logp[micro, :r])
                     if not A.is_finite(loss.detach()):
                         nonfinite = True
                         break
