@@ -8,7 +8,9 @@
 Both precisions run the trainer's own components: its sampler (``--sampler``: ``auto`` is the CUDA-graph engine
 on CUDA, ``loop`` the reference KV-cache loop), the
 chunked log-probs (``trainers.learner.logprobs``; the old policy's from the update's own forward, as the trainer's
-default ``algorithm.old_log_prob=auto``, or ``--old-log-prob recompute`` from a no-gradient pass first), AdamW with gradient clipping, minite's
+default ``algorithm.old_log_prob=auto``, or with ``--old-log-prob recompute`` from a no-gradient pass first;
+``--old-log-prob auto,recompute`` times both as variants ``RECIPE/auto`` and ``RECIPE/recompute`` side by side), AdamW
+with gradient clipping, minite's
 ``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
 training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step: on CUDA with
 Triton, ``ModelWeightSync`` into the buffers the sampler's graphs read, then, as the trainer, a 1-token forward for the
@@ -45,6 +47,8 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+#: where the update's old log-probs come from (the trainer's algorithm.old_log_prob)
+OLD_LOG_PROB = ("auto", "recompute")
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -183,14 +187,22 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     return t
 
 
-def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
-    """One recipe's model (a copy of ``base``, or ``base`` itself for the ``last`` one set up: one model less
+def _variant(name: str, a) -> tuple[str, str]:
+    """(recipe, old-log-prob mode) of a variant name: ``RECIPE/MODE`` with several ``--old-log-prob`` modes, else
+    the recipe with the one mode."""
+    recipe, _, mode = name.partition("/")
+    return recipe, mode or a.old_log_prob
+
+
+def _setup(name: str, base, tok, dev, a, last: bool = False) -> dict:
+    """One variant's model (a copy of ``base``, or ``base`` itself for the ``last`` one set up: one model less
     in memory; quantized unless bf16), sampler, optimizer and weight sync."""
     import torch
 
     from rollout import make_sampler
     from rollout.precision import Requantizer
 
+    recipe, mode = _variant(name, a)
     model = base if last else copy.deepcopy(base).to(dev)  # the last recipe set up trains ``base`` itself
     precision: dict = {"recipe": recipe, "patched": False}
     if recipe != "bf16":
@@ -205,7 +217,7 @@ def _setup(recipe: str, base, tok, dev, a, last: bool = False) -> dict:
         sampler.default_stop_ids = ()
     weight_sync = Requantizer(model, sampler.pad_id) if precision["patched"] else None
     return {"model": model, "sampler": sampler, "opt": torch.optim.AdamW(model.parameters(), lr=1e-6),
-            "weight_sync": weight_sync, "precision": precision}
+            "weight_sync": weight_sync, "precision": precision, "old_log_prob": mode}
 
 
 def move_optimizer_state(opt, device) -> None:
@@ -247,7 +259,7 @@ def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None =
     out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
                    weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch,
-                   old_from_update=a.old_log_prob == "auto")
+                   old_from_update=run["old_log_prob"] == "auto")
     run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
     return out
 
@@ -299,7 +311,7 @@ def _profiled_steps(run, recipe, dev, a, tok, prompts, *, seed_from: int, runs: 
     from rollout import SamplingParams
 
     out = {}
-    extra = [(a.profile, recipe)] if a.profile else []
+    extra = [(a.profile, recipe.replace("/", "-"))] if a.profile else []  # the tag names the kernel-table files
     extra += [("host", recipe)] if a.host_profile else []
     for i, prof in enumerate(extra):
         seed = seed_from + i
@@ -324,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logprob-micro-batch", type=int, default=0,
                     help="rows per micro-batch of the no-gradient log-prob recompute, as the trainer's "
                          "algorithm.log_prob_micro_batch_size (0: --micro-batch's micro-batches)")
-    ap.add_argument("--old-log-prob", choices=("auto", "recompute"), default="auto",
+    ap.add_argument("--old-log-prob", default="auto",
                     help="as the trainer's algorithm.old_log_prob: auto (this update is one epoch of one mini-batch) "
                          "takes the old log-probs from the update's forward, no recompute; recompute: the "
-                         "no-gradient pass first")
+                         "no-gradient pass first; several, comma-separated: each recipe once per mode, as variants "
+                         "RECIPE/MODE timed side by side")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
@@ -359,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sequential keeps one recipe on the device at a time; --offload-idle is for the interleaved mode")
     if a.logprob_micro_batch < 0:
         ap.error(f"--logprob-micro-batch must be >= 0 (0: --micro-batch's micro-batches), got {a.logprob_micro_batch}")
+    modes = a.old_log_prob.split(",")
+    bad = [m for m in modes if m not in OLD_LOG_PROB]
+    if bad or len(set(modes)) < len(modes):
+        ap.error(f"--old-log-prob {a.old_log_prob!r}: give each of {', '.join(OLD_LOG_PROB)} at most once, "
+                 "comma-separated")
     if a.rounds < 1 or a.reps < 1:
         ap.error(f"--rounds and --reps must be >= 1, got {a.rounds} and {a.reps}")
 
@@ -381,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     examples = arithmetic_examples(a.prompts, (3,), seed=0)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in examples for _ in range(a.n)]
     names = a.recipes.split(",")
+    if len(modes) > 1:
+        names = [f"{recipe}/{mode}" for recipe in names for mode in modes]
     results: dict[str, dict] = {}
     if a.sequential:
         base = base.to("cpu")  # made on the device (fast), waiting in host memory between rounds

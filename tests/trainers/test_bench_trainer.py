@@ -6,6 +6,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_trainer.py"
 
 
@@ -185,3 +187,19 @@ def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     mod._free(run, torch.device("cpu"))
     gc.collect()
     assert run == {} and model() is None
+
+
+def test_bench_trainer_times_both_old_log_prob_modes_side_by_side(capsys, monkeypatch, tmp_path):
+    """``--old-log-prob auto,recompute``: every recipe once per mode, as variants timed in one process."""
+    mod = _script(monkeypatch)
+    assert mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
+                     "--dtype", "float32", "--micro-batch", "2", "--recipes", "bf16", "--old-log-prob",
+                     "auto,recompute", "--profile", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["results"]) == {"bf16/auto", "bf16/recompute"}
+    assert out["results"]["bf16/auto"]["logprob_s"] == 0.0 < out["results"]["bf16/recompute"]["logprob_s"]
+    assert out["ratio"]["bf16/recompute"]["step_s"] > 0  # against the first variant, bf16/auto
+    assert (tmp_path / "profile_bf16-recompute_logprob.json").is_file()
+    with pytest.raises(SystemExit):
+        mod.main(["--device", "cpu", "--tiny", "--old-log-prob", "auto,never"])
+    assert "give each of auto, recompute at most once" in capsys.readouterr().err
