@@ -21,7 +21,12 @@ for first in "$wheels"/*.whl.piece-0; do
     rm "$whl".piece-*
 done
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
-# ray is absent where the parts were packed with --exclude ray (local-engine runs)
-PYTHONPATH=$site $PY -c "import importlib.util, torch, transformers, verl
-ray = __import__('ray').__version__ if importlib.util.find_spec('ray') else 'not installed'
+# ray is absent where the parts were packed with --exclude ray (local-engine runs): verl's one use of it, a type
+# hint, then comes from scripts/device_shims, as in the runs themselves
+shims="" ray_version="__import__('ray').__version__"
+if [ ! -d "$site/ray" ]; then
+    shims=:$(cd "$(dirname "$0")" && pwd)/device_shims ray_version="'not installed (scripts/device_shims stands in)'"
+fi
+PYTHONPATH=$site$shims $PY -c "import torch, transformers, verl
+ray = $ray_version
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'verl', verl.__version__, 'ray', ray)"
