@@ -64,3 +64,18 @@ def test_more_than_one_optimizer_step_or_strict_alignment_keeps_the_recompute(ti
         assert forwards.count(False) >= 1 and metrics["timing/logprob_s"] > 0
     with pytest.raises(ConfigError, match="old_log_prob"):
         load_config(["algorithm.old_log_prob=never"])
+
+
+@pytest.mark.gpu
+def test_gpu_the_updates_forward_gives_the_step_the_recompute_gives(tiny_model_dir, tmp_path):
+    """On CUDA (the graph sampler, the NVFP4 learner's Triton lane, the fused log-prob kernel, TRIAGE): the same
+    rollout, and the same gap and gradient as with the recompute up to the GEMMs' rounding of rows in another
+    order."""
+    extra = ["recipe=triage_nvfp4", "model.device=cuda", "model.dtype=bfloat16"]
+    rec, _, _ = _one_step(tiny_model_dir, tmp_path / "r", *extra, "algorithm.old_log_prob=recompute")
+    auto, _, _ = _one_step(tiny_model_dir, tmp_path / "a", *extra)
+    assert auto["timing/logprob_s"] == 0.0 < rec["timing/logprob_s"]
+    assert auto["reward/mean"] == rec["reward/mean"] and auto["perf/response_tokens"] == rec["perf/response_tokens"]
+    for key in ("mismatch/abs_gap_mean", "actor/grad_norm", "actor/entropy"):
+        assert auto[key] == pytest.approx(rec[key], rel=1e-2), key
+    assert rec["mismatch/abs_gap_mean"] > 0
