@@ -1,7 +1,8 @@
 """Record a study that ran elsewhere (a lent GPU): unpack its ``study.tgz`` into
 ``benchmarks/learning/study_NAME`` and rebuild the table, summary and figures there.
 
-Kept per run: ``config.yaml``, ``metrics.jsonl`` and each eval's ``results.json``/``results.md`` (``eval/`` and, with
+Kept per run: ``config.yaml``, ``metrics.jsonl``, ``code.json`` (which code ran it, ``trainers/provenance.py``)
+and each eval's ``results.json``/``results.md`` (``eval/`` and, with
 ``eval.precision``, ``eval@<precision>/``); kept per
 study: the step-0 evals and ``study.json`` (the grid's configuration as it ran). Not kept: checkpoints, logs,
 run metadata (host paths, timestamps). A run in the archive replaces the recorded one of the same arm and seed
@@ -25,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainers.study import load_study, max_steps, read_metrics, summarize, write_outputs
 
-RUN_FILES = ("config.yaml", "metrics.jsonl")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "code.json")
 EVAL_FILES = ("results.json", "results.md")
 
 

@@ -66,6 +66,9 @@ def test_smoke_triage_run(tiny_model_dir, tmp_path, monkeypatch, capsys):
     assert rows[0]["actor/grad_norm"] > 0  # the length reward gives the group a non-zero advantage
     meta = json.loads((out / "run_meta.json").read_text())
     assert meta["env"]["MINITE_RECIPE"] == "nvfp4_per_token" and meta["recipe"] == "triage_bf16"
+    from trainers.provenance import code_digest, read_code
+
+    assert read_code(out) == [meta["code"]] and meta["code"]["digest"] == code_digest()  # which code ran it
     assert "loss_mode: triage" in (out / "config.yaml").read_text()
     from transformers import AutoModelForCausalLM
 

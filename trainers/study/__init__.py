@@ -12,7 +12,9 @@ after N seconds: each run gets SIGTERM, finishes and saves the step in progress 
     summary.json   {"runs": [{recipe, seed, steps, final_reward, eval_accuracy, abs_gap_mean, ...}], "arms": {...}}
     table.md       per arm, mean +- sample std over seeds: reward at equal steps, held-out accuracy (of the last
                    checkpoints, and by checkpoint step), mean |delta|,
-                   q05(delta), gated-token fraction, the gate's gradient shift, repair loss, step time
+                   q05(delta), gated-token fraction, the gate's gradient shift, repair loss, step time, and
+                   which code the runs ran (each run's ``code.json``, ``trainers/provenance.py``: seeds added in
+                   blocks over several sessions show there if they ran other code)
     reward.png     reward per arm: each seed raw (thin), the seed mean of each run's moving mean (thick), arm colours
                    fixed by role (``trainers.palette``)
     panels.png     the report's Figure-2 panels (reward, entropy, mean |gap|, negative tail) the same way

@@ -9,6 +9,7 @@ import statistics
 import time
 from typing import Any
 
+from trainers.provenance import read_code
 from trainers.study.config import StudyConfig, _config_dict
 from trainers.study.evals import step0_args
 
@@ -110,7 +111,25 @@ def run_record(cfg: StudyConfig, arm: str, seed: int, steps: int) -> dict:
     rec["step_s"] = statistics.median(times) if times else None
     held = _finite(_num(r.get("perf/gpu_reserved_gb")) for r in rows)
     rec["gpu_reserved_gb"] = max(held) if held else None  # what gpu_gb_per_run must cover, less the CUDA context
+    rec["code"] = [e["digest"] for e in read_code(run)]  # trainers.provenance: one per execution on other code
     return rec
+
+
+def code_versions(runs: list[dict]) -> dict:
+    """Which code the runs that ran came from: ``versions`` (digest -> runs whose every step ran it), ``mixed``
+    (runs whose steps ran several versions), ``unrecorded`` (runs from before the trainer recorded it)."""
+    out: dict[str, Any] = {"versions": {}, "mixed": [], "unrecorded": []}
+    for r in runs:
+        if r["steps"] <= 0:
+            continue
+        name = f"{r['recipe']}/seed{r['seed']}"
+        if not r.get("code"):
+            out["unrecorded"].append(name)
+        elif len(set(r["code"])) > 1:
+            out["mixed"].append(name)
+        else:
+            out["versions"].setdefault(r["code"][0], []).append(name)
+    return out
 
 
 def steps_at(cfg: StudyConfig, steps: int) -> tuple[int, ...]:
@@ -146,7 +165,7 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
         arms[arm]["eval_step0"] = step0_accuracy(cfg, arm)
         arms[arm]["eval_common_step0"] = step0_accuracy(cfg, arm, common=True)
     out = {"study": cfg.name, "config": _config_dict(cfg), "runs": runs, "arms": arms,
-           "date": time.strftime("%Y-%m-%d")}
+           "code": code_versions(runs), "date": time.strftime("%Y-%m-%d")}
     if cfg.baseline is not None:
         out["vs_baseline"] = {"baseline": cfg.baseline, "arms": comparisons(cfg, runs)}
     contrasts = [(a, cfg.baseline) for a in cfg.arms if cfg.baseline is not None and a != cfg.baseline]

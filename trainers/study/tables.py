@@ -18,6 +18,24 @@ def _cell(a: dict | None, fmt: str) -> str:
     return s + (f" ± {format(a['std'], fmt)}" if a["n"] > 1 else "")
 
 
+def code_line(code: dict) -> str:
+    """Which code the runs ran (``results.code_versions``), in one paragraph."""
+    def names(runs: list[str]) -> str:
+        return ", ".join(runs[:6]) + (f" and {len(runs) - 6} more" if len(runs) > 6 else "")
+
+    versions = code["versions"]
+    if len(versions) == 1 and not code["mixed"] and not code["unrecorded"]:
+        return f"\nCode (`trainers/provenance.py`): every run ran `{next(iter(versions))}`."
+    parts = [f"`{d}`: {names(runs)}" for d, runs in versions.items()]
+    if code["mixed"]:
+        parts.append(f"several versions within the run: {names(code['mixed'])}")
+    if code["unrecorded"]:
+        parts.append(f"not recorded (run before the trainer recorded it): {names(code['unrecorded'])}")
+    n = len(versions)
+    return (f"\nCode (`trainers/provenance.py`): the runs did not all run one version of the code ({n} "
+            f"version{'s' if n != 1 else ''} recorded); compare them knowing it. " + "; ".join(parts) + ".")
+
+
 def table(summary: dict) -> str:
     arms = summary["arms"]
     first = next(iter(arms.values()))
@@ -44,6 +62,8 @@ def table(summary: dict) -> str:
                  "runs: the table below compares them at equal steps). "
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
+    if summary.get("code"):
+        lines.append(code_line(summary["code"]))
     # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
     lines += by_step_table(arms, "eval_by_step", "eval_step0", "Held-out accuracy by checkpoint step, each arm "
                            "under its own sampler precision (mean ± std over the seeds evaluated there, n seeds; "

@@ -26,6 +26,7 @@ from trainers.engines.local.runtime import _write_meta, choose_cpu_threads, env_
 from trainers.engines.local.weight_sync import _param_pairs, apply_precision
 from trainers.learner import actor as A
 from trainers.losses import loss_mode
+from trainers.provenance import record_code
 from trainers.rewards.registry import load_reward_fn
 
 
@@ -129,6 +130,7 @@ class SetupMixin:
             keep = [ln for ln in samples.read_text().splitlines() if ln.strip() and _row_step(ln) <= self.start_step]
             atomic_write_text(samples, "".join(ln + "\n" for ln in keep))
         atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
+        code = record_code(self.run_dir, self.start_step)[-1]  # trainers.provenance: the code this execution runs
         meta = {"command": " ".join(sys.argv), "recipe": cfg.recipe, "env": env_snapshot(),
                 "engine": "local", "device": str(self.device), "precision": self.precision,
                 "sampler_precision": self.sampler_precision,
@@ -137,7 +139,7 @@ class SetupMixin:
                 "python": platform.python_version(), "torch": torch.__version__, "run_id": self.state["run_id"],
                 "resumed_from": str(ckpt) if ckpt else None, "reward_fn": self.reward_name,
                 "sampler": self.sampler.describe(),
-                "num_examples": len(self.examples)}
+                "num_examples": len(self.examples), "code": code}
         _write_meta(self.run_dir, meta)
         self.meta = meta
         print(to_yaml(cfg), file=sys.stderr)
