@@ -63,9 +63,12 @@ def test_the_table_says_which_code_the_runs_ran():
     assert code == {"versions": {"aaaa": ["bf16/seed0"], "cccc": ["nv/seed1"]}, "mixed": ["nv/seed0"],
                     "unrecorded": ["bf16/seed1"]}
     line = code_line(code)
-    assert "did not all run one version of the code (2 versions recorded)" in line
+    assert "the runs ran more than one version of the code; compare them knowing it." in line
     assert "`aaaa`: bf16/seed0" in line and "several versions within the run: nv/seed0" in line
     assert "not recorded (run before the trainer recorded it): bf16/seed1" in line
     one = code_line(code_versions([{**run, "recipe": "bf16", "seed": s, "code": ["aaaa"]} for s in (0, 1)]))
     assert one == "\nCode (`trainers/provenance.py`): every run ran `aaaa`."
+    old = code_line(code_versions([{**run, "recipe": "bf16", "seed": 0, "code": []}]))
+    assert old == ("\nCode (`trainers/provenance.py`): not every run recorded its code, so one version is not "
+                   "known. not recorded (run before the trainer recorded it): bf16/seed0.")
     json.dumps(code)  # it goes into summary.json

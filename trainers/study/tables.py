@@ -31,9 +31,11 @@ def code_line(code: dict) -> str:
         parts.append(f"several versions within the run: {names(code['mixed'])}")
     if code["unrecorded"]:
         parts.append(f"not recorded (run before the trainer recorded it): {names(code['unrecorded'])}")
-    n = len(versions)
-    return (f"\nCode (`trainers/provenance.py`): the runs did not all run one version of the code ({n} "
-            f"version{'s' if n != 1 else ''} recorded); compare them knowing it. " + "; ".join(parts) + ".")
+    if len(versions) > 1 or code["mixed"]:
+        head = "the runs ran more than one version of the code; compare them knowing it"
+    else:
+        head = "not every run recorded its code, so one version is not known"
+    return f"\nCode (`trainers/provenance.py`): {head}. " + "; ".join(parts) + "."
 
 
 def table(summary: dict) -> str:
