@@ -96,3 +96,23 @@ def test_gpu_the_updates_forward_gives_the_step_the_recompute_gives(tiny_model_d
     for key in ("mismatch/abs_gap_mean", "actor/grad_norm", "actor/entropy"):
         assert auto[key] == pytest.approx(rec[key], rel=1e-2), key
     assert rec["mismatch/abs_gap_mean"] > 0
+
+
+def test_a_model_that_drops_activations_in_training_keeps_the_recompute(tiny_model_dir, tmp_path, capsys):
+    """Dropout makes the update's forward another function than the old policy's: ``auto`` recomputes there."""
+    import json
+    import shutil
+
+    from trainers.engines.local.update import dropout_sources
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1), torch.nn.Dropout(0.0))
+    assert dropout_sources(net) == ["1"]
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    conf = json.loads((model_dir / "config.json").read_text())
+    assert conf["attention_dropout"] == 0.0  # Qwen3's: the default path above takes the update's forward
+    (model_dir / "config.json").write_text(json.dumps({**conf, "attention_dropout": 0.1}))
+    metrics, _, forwards = _one_step(model_dir, tmp_path / "run", "recipe=bf16")
+    assert "the model drops activations in training (config.attention_dropout=0.1): the old log-probs are " \
+           "recomputed" in capsys.readouterr().err
+    assert metrics["timing/logprob_s"] > 0 and forwards.count(True) == 1

@@ -1,7 +1,8 @@
 """``engine=local``: one process, CPU or one GPU. One GRPO step (docs/ARCHITECTURE.md "One GRPO step"):
 
 prompts -> sampler (KV-cache decode, precision P) -> tokens + sampler_logp -> rewards -> GRPO advantages ->
-learner recomputes old_logp (one full forward, same P) -> delta = old_logp - sampler_logp -> policy loss
+learner's old_logp (same P: a no-gradient forward, or, for one epoch of one mini-batch, the update's own forward)
+-> delta = old_logp - sampler_logp -> policy loss
 (verl registry: vanilla / triage), PPO epochs x mini-batches x micro-batches -> AdamW -> weight sync
 (re-quantize) -> metrics (mismatch diagnostics every step) -> checkpoint.
 """

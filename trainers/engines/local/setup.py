@@ -23,6 +23,7 @@ from trainers.data import PromptSchedule, load_examples
 from trainers.engines.local.checkpointing import _warn_config_changes
 from trainers.engines.local.rollout_phase import _row_step
 from trainers.engines.local.runtime import _write_meta, choose_cpu_threads, env_snapshot
+from trainers.engines.local.update import dropout_sources
 from trainers.engines.local.weight_sync import _param_pairs, apply_precision
 from trainers.learner import actor as A
 from trainers.losses import loss_mode
@@ -68,6 +69,14 @@ class SetupMixin:
         needs_copy = cfg.eval.precision is not None and not heldout.own_is_common(cfg)
         self.common_eval = heldout.CommonEval(cfg, self.model, self.tok) if needs_copy else None
         self.precision = apply_precision(self.model, cfg, self.run_dir)
+        # algorithm.old_log_prob=auto: the update's forward gives the old log-probs only where it is the old
+        # policy's forward, i.e. drops nothing in training mode
+        self.old_from_update = cfg.algorithm.old_from_update() and cfg.precision.alignment != "strict"
+        dropout = dropout_sources(self.model)
+        if self.old_from_update and dropout:
+            print(f"[trainers] the model drops activations in training ({', '.join(dropout[:3])}): the old log-probs "
+                  "are recomputed without gradients (algorithm.old_log_prob=auto)", file=sys.stderr)
+            self.old_from_update = False
         self.sampler_precision = (apply_precision(self.sampler_model, cfg, None, side="sampler") if separate
                                   else self.precision)
         self._param_pairs = _param_pairs(self.model, self.sampler_model) if separate else []

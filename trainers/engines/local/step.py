@@ -57,9 +57,9 @@ class StepMixin:
         adv = A.grpo_advantages(scores, mask.cpu(), group_ids, cfg.algorithm.norm_adv_by_std_in_grpo).to(self.device)
         from triage import mismatch_metrics
 
-        # strict alignment checks the no-gradient forward the sampler reproduces, before any update
-        fused = cfg.algorithm.old_from_update() and cfg.precision.alignment != "strict"
-        if fused:  # the update's forward gives the old log-probs (AlgorithmConfig.old_log_prob)
+        # setup decided it: not under strict alignment (which checks the no-gradient forward the sampler reproduces,
+        # before any update) nor for a model that drops activations in training
+        if self.old_from_update:  # the update's forward gives the old log-probs (AlgorithmConfig.old_log_prob)
             old = torch.zeros(mask.shape, device=self.device)
             ent = torch.zeros_like(old)
             reached = torch.zeros(mask.shape[0], dtype=torch.bool, device=self.device)

@@ -12,6 +12,19 @@ from trainers.learner.batch import RolloutBatch, micro_batches
 from trainers.learner.logprobs import response_logprobs
 
 
+def dropout_sources(model: torch.nn.Module) -> list[str]:
+    """Where ``model`` drops activations in training mode: ``nn.Dropout`` modules with p > 0, and config fields
+    named ``*dropout*`` / ``*pdrop*`` above 0 (HF attention applies those inside its functions). Where there is
+    any, the update's forward is not the old policy's forward, so its log-probs cannot stand in for them."""
+    found = [name for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.p > 0]
+    conf = getattr(model, "config", None)
+    for key, value in (conf.to_dict() if hasattr(conf, "to_dict") else {}).items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0:
+            found.append(f"config.{key}={value}")
+    return found
+
+
 class LearnerMixin:
     """``LocalTrainer``'s learner methods: log-probs and the policy update."""
 
