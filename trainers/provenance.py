@@ -45,11 +45,11 @@ def git_state(root: pathlib.Path = ROOT) -> dict | None:
     """``{"commit": sha, "dirty": bool}`` (dirty: the sources differ from the commit) in a git checkout, else None."""
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10)
+                                check=False, timeout=10)
         if commit.returncode != 0:
             return None
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *SOURCES],
-                                capture_output=True, text=True, timeout=10)
+                                capture_output=True, text=True, check=False, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
