@@ -20,7 +20,7 @@ def dropout_sources(model: torch.nn.Module) -> list[str]:
              if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.p > 0]
     conf = getattr(model, "config", None)
     for key, value in (conf.to_dict() if hasattr(conf, "to_dict") else {}).items():
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0:
+        if ("dropout" in key or "pdrop" in key) and type(value) in (int, float) and value > 0:  # not flags
             found.append(f"config.{key}={value}")
     return found
 
