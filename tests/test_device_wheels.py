@@ -107,7 +107,7 @@ def test_the_install_script_joins_pieces_installs_and_checks_verl_without_ray(tm
     site = tmp_path / "site"
     env = {**os.environ, "PY": sys.executable}
     proc = subprocess.run(["bash", str(repo / "scripts" / "device_wheels_install.sh"), str(parts), str(site)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (site / "minite_probe" / "__init__.py").read_text() == "VALUE = 7\n"
     assert "verl 0.9.1 ray not installed (scripts/device_shims stands in)" in proc.stdout
