@@ -59,17 +59,12 @@ class StepMixin:
 
         # setup decided it: not under strict alignment (which checks the no-gradient forward the sampler reproduces,
         # before any update) nor for a model that drops activations in training
+        fill = rc_metrics = None
         if self.old_from_update:  # the update's forward gives the old log-probs (AlgorithmConfig.old_log_prob)
             old = torch.zeros(mask.shape, device=self.device)
-            ent = torch.zeros_like(old)
-            reached = torch.zeros(mask.shape[0], dtype=torch.bool, device=self.device)
+            fill = (torch.zeros_like(old), torch.zeros(mask.shape[0], dtype=torch.bool, device=self.device))
+            ent, weights = fill[0], None
             t["timing/logprob_s"] = 0.0
-            with timed(t, "timing/update_s", self.device):
-                upd, nonfinite = self._update(step, batch, old, adv, None, fill=(ent, reached))
-            seen = mask * reached[:, None]  # every row, unless a non-finite loss stopped the update early
-            delta = (old - batch.sampler_logp) * seen
-            metrics: dict[str, float] = dict(mismatch_metrics(delta, adv, seen, self.diag_cfg))
-            metrics.update(A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, seen)[1])
         else:
             with timed(t, "timing/logprob_s", self.device):
                 old, ent = self._recompute_old(batch)
@@ -79,12 +74,17 @@ class StepMixin:
                     f"precision.alignment=strict, step {step + 1}: the learner's log-probs differ from the "
                     f"sampler's on {int((delta != 0).sum())} of {int(mask.sum())} tokens (max |delta| "
                     f"{float(delta.abs().max()):.3g}); strict mode promises equal bits, so the run stops here")
-            seen = mask
-            metrics = dict(mismatch_metrics(delta, adv, mask, self.diag_cfg))
             weights, rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, mask)
-            metrics.update(rc_metrics)
-            with timed(t, "timing/update_s", self.device):
-                upd, nonfinite = self._update(step, batch, old, adv, weights)
+        with timed(t, "timing/update_s", self.device):
+            upd, nonfinite = self._update(step, batch, old, adv, weights, fill=fill)
+        # the rows with old log-probs: every row, unless the update's forward made them and a non-finite loss
+        # stopped it early
+        seen = mask if fill is None else mask * fill[1][:, None]
+        metrics: dict[str, float] = dict(mismatch_metrics((old - batch.sampler_logp) * seen, adv, seen,
+                                                          self.diag_cfg))
+        if rc_metrics is None:
+            rc_metrics = A.rollout_is_weights(cfg.algorithm, old, batch.sampler_logp, seen)[1]
+        metrics.update(rc_metrics)
         for k, v in upd.items():
             metrics.setdefault(k, v)
         with timed(t, "timing/sync_s", self.device):
