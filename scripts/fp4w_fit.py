@@ -20,6 +20,7 @@ import argparse
 import json
 import pathlib
 import re
+import statistics
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -39,14 +40,11 @@ def x_reread_bytes(n: int, k: int, batch: int, key: str) -> int:
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(t0 us, rate bytes/s) of the least-squares line t = t0 + bytes / rate through ``(bytes, us)`` points."""
-    n = len(points)
-    mx = sum(b for b, _ in points) / n
-    my = sum(t for _, t in points) / n
-    sxx = sum((b - mx) ** 2 for b, _ in points)
-    if n < 2 or sxx == 0:
-        raise ValueError("the fit needs at least two projections of different sizes")
-    slope = sum((b - mx) * (t - my) for b, t in points) / sxx  # us per byte
-    return my - slope * mx, 1e6 / slope
+    try:
+        slope, t0 = statistics.linear_regression([b for b, _ in points], [t for _, t in points])  # us per byte
+    except statistics.StatisticsError as e:
+        raise ValueError("the fit needs at least two projections of different sizes") from e
+    return t0, 1e6 / slope
 
 
 def analyse(lines: list[str]) -> dict:
