@@ -76,13 +76,60 @@ def host_top(fn, n: int = 25) -> tuple:
     return out, {"cumulative": top(3), "own": top(2)}
 
 
+def sync_points(device, fn, n: int = 20) -> tuple:
+    """(``fn()``, ``{"wall_s", "syncs", "where"}``): ``fn`` run with CUDA's sync debug mode at ``warn``, which
+    warns at every operation that makes the host wait for the GPU (``.item()``, a blocking copy, a boolean
+    mask's size, ...). ``where`` counts them by their innermost frames in this repository or a library
+    (``file:line``, up to 3 deep), most frequent first: where a phase stops the host from running ahead of the
+    GPU. On a CPU device there is nothing to wait for: ``syncs`` is None."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    import torch
+
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return out, {"wall_s": time.perf_counter() - t0, "syncs": None, "where": []}
+    where: Counter = Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if "warnings.py" not in f.filename][-3:]
+        where[" <- ".join(f"{f.filename.split('site-packages/')[-1].replace(str(REPO) + '/', '')}:{f.lineno}"
+                          for f in reversed(frames))] += 1
+
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    return out, {"wall_s": wall, "syncs": sum(where.values()),
+                 "where": [{"at": k, "n": v} for k, v in where.most_common(n)]}
+
+
 def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
     """Run ``fn`` and store its wall seconds under ``key``; with ``profile = (dir, tag)`` under the profiler,
     its summary under ``store["profile"][key]``; with ``profile = ("host", tag)`` under cProfile, its costliest
-    Python functions under ``store["host_profile"][key]`` (a profiled step is not a timed one: profilers cost
-    time)."""
+    Python functions under ``store["host_profile"][key]``; with ``profile = ("sync", tag)`` with CUDA's sync
+    debug mode on, where the host waited under ``store["sync_points"][key]`` (a profiled step is not a timed
+    one: profilers cost time)."""
     import torch
 
+    if profile is not None and profile[0] == "sync":
+        out, report = sync_points(device, fn)
+        store[key] = report.pop("wall_s")
+        store.setdefault("sync_points", {})[key] = report
+        return out
     if profile is not None and profile[0] == "host":
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -101,16 +148,27 @@ def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
         return out
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+        before = _alloc_counts(device)
     t0 = time.perf_counter()
     out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     store[key] = time.perf_counter() - t0
-    if device.type == "cuda":  # the caching allocator freed its cache and retried a cudaMalloc (a device sync)
-        store.setdefault("alloc_retries", {})[key] = (
-            torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries)
+    if device.type == "cuda":  # cudaMalloc / cudaFree calls of the caching allocator during the phase
+        after = _alloc_counts(device)
+        store.setdefault("alloc_retries", {})[key] = after[0] - before[0]
+        store.setdefault("device_allocs", {})[key] = [after[1] - before[1], after[2] - before[2]]
     return out
+
+
+def _alloc_counts(device) -> tuple[int, int, int]:
+    """The caching allocator's counters: retries (it freed its cache and tried ``cudaMalloc`` again, a device
+    sync), ``cudaMalloc`` calls, ``cudaFree`` calls. New segments in a timed phase mean allocations the cache
+    could not serve (shapes that change between micro-batches fragment it)."""
+    import torch
+
+    s = torch.cuda.memory_stats(device)
+    return s.get("num_alloc_retries", 0), s.get("num_device_alloc", 0), s.get("num_device_free", 0)
 
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
@@ -306,18 +364,19 @@ def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, l
 
 
 def _profiled_steps(run, recipe, dev, a, tok, prompts, *, seed_from: int, runs: dict | None = None) -> dict:
-    """With ``--profile`` / ``--host-profile``, one more step of ``recipe`` under each profiler (not timed):
-    ``{"profile": ..., "host_profile": ...}`` as present."""
+    """With ``--profile`` / ``--host-profile`` / ``--sync-report``, one more step of ``recipe`` under each
+    profiler (not timed): ``{"profile": ..., "host_profile": ..., "sync_points": ...}`` as present."""
     from rollout import SamplingParams
 
     out = {}
     extra = [(a.profile, recipe.replace("/", "-"))] if a.profile else []  # the tag names the kernel-table files
     extra += [("host", recipe)] if a.host_profile else []
+    extra += [("sync", recipe)] if a.sync_report else []
     for i, prof in enumerate(extra):
         seed = seed_from + i
         _activate(runs if runs is not None else {recipe: run}, recipe, dev, a.offload_idle and runs is not None)
         m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
-        key = "host_profile" if prof[0] == "host" else "profile"
+        key = {"host": "host_profile", "sync": "sync_points"}.get(prof[0], "profile")
         out[key] = m[key]
     return out
 
@@ -360,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-profile", action="store_true",
                     help="after the timed steps, one more step with each phase under cProfile: the costliest Python "
                          "functions per phase in the JSON line (host_profile)")
+    ap.add_argument("--sync-report", action="store_true",
+                    help="after the timed steps, one more step with CUDA's sync debug mode on: per phase, how often "
+                         "and where (file:line of the Python caller) the host waited for the GPU (sync_points)")
     ap.add_argument("--offload-idle", action="store_true",
                     help="keep only the stepping recipe's optimizer state on the GPU, the others' in host memory "
                          "(moved between steps, not timed): two 4B models with their AdamW then fit one 80 GB GPU")
@@ -437,9 +499,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary(rows: list[dict]) -> dict:
     """Medians over a recipe's timed steps (allocator retries summed per phase), and tokens/s from them."""
-    med = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key != "alloc_retries"}
+    counts = ("alloc_retries", "device_allocs")
+    med = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key not in counts}
     if "alloc_retries" in rows[0]:
         med["alloc_retries"] = {p: sum(r["alloc_retries"][p] for r in rows) for p in rows[0]["alloc_retries"]}
+        med["device_allocs"] = {p: [sum(r["device_allocs"][p][i] for r in rows) for i in (0, 1)]
+                                for p in rows[0]["device_allocs"]}
     med["tokens_per_s"] = med["response_tokens"] / med["step_s"]
     med["rollout_tokens_per_s"] = med["response_tokens"] / med["rollout_s"]
     return med
