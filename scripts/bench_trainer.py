@@ -49,6 +49,9 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: where the update's old log-probs come from (the trainer's algorithm.old_log_prob)
 OLD_LOG_PROB = ("auto", "recompute")
+#: how the update sizes a micro-batch: from the batch's host layout (the trainer's), or from its rows read back from
+#: the GPU (a wait at every micro-batch, as the trainer did before 2026-12-07)
+SELECT = ("host", "device")
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -173,7 +176,7 @@ def _alloc_counts(device) -> tuple[int, int, int]:
 
 def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: bool, seed: int,
              weight_sync=None, profile: tuple | None = None, micro_tokens: int = 0, logprob_micro: int = 0,
-             old_from_update: bool = False) -> dict:
+             old_from_update: bool = False, select: str = "host") -> dict:
     import torch
 
     from trainers.learner.batch import collate, micro_batches
@@ -201,7 +204,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
                 sub = b.select(rows)
                 lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
                                           prompt_len=sub.prompt_len, with_entropy=False)
-                old[rows, :lp.shape[1]] = lp
+                old[rows.index, :lp.shape[1]] = lp
         return old
 
     if old_from_update:  # as the trainer's algorithm.old_log_prob=auto: the update's forward gives them
@@ -214,15 +217,17 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         model.train()
         opt.zero_grad(set_to_none=True)
         for rows in chunks:
-            sub = b.select(rows)
+            # host: the trainer's micro-batch, sized from the host layout; device: its rows read back from the GPU
+            # first, which waits for the previous micro-batch's backward
+            sub = b.select(rows if select == "host" else rows.index)
             r = sub.response_mask.shape[1]
             # the trainer's update computes the entropies too where its forward stands in for the recompute
             lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
                                       prompt_len=sub.prompt_len, with_entropy=old_from_update)
             if old_from_update:
-                old[rows, :r] = lp.detach()
-            ratio = torch.exp(lp - old[rows, :r])
-            loss = -(adv[rows] * ratio * sub.response_mask).sum() / ntok
+                old[rows.index, :r] = lp.detach()
+            ratio = torch.exp(lp - old[rows.index, :r])
+            loss = -(adv[rows.index] * ratio * sub.response_mask).sum() / ntok
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -245,11 +250,12 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     return t
 
 
-def _variant(name: str, a) -> tuple[str, str]:
-    """(recipe, old-log-prob mode) of a variant name: ``RECIPE/MODE`` with several ``--old-log-prob`` modes, else
-    the recipe with the one mode."""
-    recipe, _, mode = name.partition("/")
-    return recipe, mode or a.old_log_prob
+def _variant(name: str, a) -> tuple[str, str, str]:
+    """(recipe, old-log-prob mode, select) of a variant name: ``RECIPE[/MODE][/SELECT]``, with a part only where
+    its option lists several values; the others take the option's one value."""
+    recipe, *parts = name.split("/")
+    mode = next((p for p in parts if p in OLD_LOG_PROB), a.old_log_prob)
+    return recipe, mode, next((p for p in parts if p in SELECT), a.select)
 
 
 def _setup(name: str, base, tok, dev, a, last: bool = False) -> dict:
@@ -260,7 +266,7 @@ def _setup(name: str, base, tok, dev, a, last: bool = False) -> dict:
     from rollout import make_sampler
     from rollout.precision import Requantizer
 
-    recipe, mode = _variant(name, a)
+    recipe, mode, select = _variant(name, a)
     model = base if last else copy.deepcopy(base).to(dev)  # the last recipe set up trains ``base`` itself
     precision: dict = {"recipe": recipe, "patched": False}
     if recipe != "bf16":
@@ -275,7 +281,7 @@ def _setup(name: str, base, tok, dev, a, last: bool = False) -> dict:
         sampler.default_stop_ids = ()
     weight_sync = Requantizer(model, sampler.pad_id) if precision["patched"] else None
     return {"model": model, "sampler": sampler, "opt": torch.optim.AdamW(model.parameters(), lr=1e-6),
-            "weight_sync": weight_sync, "precision": precision, "old_log_prob": mode}
+            "weight_sync": weight_sync, "precision": precision, "old_log_prob": mode, "select": select}
 
 
 def move_optimizer_state(opt, device) -> None:
@@ -317,7 +323,7 @@ def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None =
     out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
                    weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch,
-                   old_from_update=run["old_log_prob"] == "auto")
+                   old_from_update=run["old_log_prob"] == "auto", select=run["select"])
     run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
     return out
 
@@ -400,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                          "takes the old log-probs from the update's forward, no recompute; recompute: the "
                          "no-gradient pass first; several, comma-separated: each recipe once per mode, as variants "
                          "RECIPE/MODE timed side by side")
+    ap.add_argument("--select", default="host",
+                    help="how the update sizes each micro-batch: host (the trainer's: from the batch's host layout, "
+                         "no wait for the GPU) or device (its rows read back from the GPU first); both, "
+                         "comma-separated: variants RECIPE/SELECT timed side by side")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
@@ -439,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad or len(set(modes)) < len(modes):
         ap.error(f"--old-log-prob {a.old_log_prob!r}: give each of {', '.join(OLD_LOG_PROB)} at most once, "
                  "comma-separated")
+    selects = a.select.split(",")
+    if any(s not in SELECT for s in selects) or len(set(selects)) < len(selects):
+        ap.error(f"--select {a.select!r}: give each of {', '.join(SELECT)} at most once, comma-separated")
     if a.rounds < 1 or a.reps < 1:
         ap.error(f"--rounds and --reps must be >= 1, got {a.rounds} and {a.reps}")
 
@@ -463,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     names = a.recipes.split(",")
     if len(modes) > 1:
         names = [f"{recipe}/{mode}" for recipe in names for mode in modes]
+    if len(selects) > 1:
+        names = [f"{name}/{s}" for name in names for s in selects]
     results: dict[str, dict] = {}
     if a.sequential:
         base = base.to("cpu")  # made on the device (fast), waiting in host memory between rounds
@@ -518,7 +533,7 @@ def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
            "fp4_weights": a.fp4_weights,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens,
-           "logprob_micro_batch": a.logprob_micro_batch or None, "old_log_prob": a.old_log_prob,
+           "logprob_micro_batch": a.logprob_micro_batch or None, "old_log_prob": a.old_log_prob, "select": a.select,
            "torch": torch.__version__,
            "offload_idle": a.offload_idle, "sequential": a.sequential, "rounds": a.rounds if a.sequential else None,
            "timed_orders": orders, "results": results,

@@ -179,7 +179,8 @@ def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     mod = _script(monkeypatch)
     base, tok = tiny_random_qwen3(mod.REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0)
     a = types.SimpleNamespace(backend="auto", sampler="auto", norm_quant="auto", fp4_weights="auto", ignore_eos=True,
-                              micro_batch=4, micro_batch_tokens=0, logprob_micro_batch=0, old_log_prob="auto")
+                              micro_batch=4, micro_batch_tokens=0, logprob_micro_batch=0, old_log_prob="auto",
+                              select="host")
     run = mod._setup("nvfp4_per_token_bf16_bwd", base, tok, torch.device("cpu"), a)
     prompts = [render_prompt(tok, ex, DataConfig()) for ex in arithmetic_examples(2, (3,), seed=0)]
     mod._step(run, tok, prompts, SamplingParams(max_new_tokens=4, seed=0), a, 0)
@@ -203,3 +204,21 @@ def test_bench_trainer_times_both_old_log_prob_modes_side_by_side(capsys, monkey
     with pytest.raises(SystemExit):
         mod.main(["--device", "cpu", "--tiny", "--old-log-prob", "auto,never"])
     assert "give each of auto, recompute at most once" in capsys.readouterr().err
+
+
+def test_bench_trainer_times_both_ways_of_sizing_micro_batches(capsys, monkeypatch):
+    """``--select host,device`` with two old-log-prob modes: a variant per recipe, mode and way, and the same
+    update either way (the sub-batches are equal; only the wait for the GPU differs), so the same gap."""
+    mod = _script(monkeypatch)
+    assert mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
+                     "--dtype", "float32", "--micro-batch", "2", "--recipes", "bf16", "--old-log-prob",
+                     "auto,recompute", "--select", "host,device", "--sync-report"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = {f"bf16/{m}/{s}" for m in ("auto", "recompute") for s in ("host", "device")}
+    assert set(out["results"]) == names and out["select"] == "host,device"
+    res = out["results"]
+    assert res["bf16/recompute/host"]["abs_gap_mean"] == res["bf16/recompute/device"]["abs_gap_mean"]
+    assert res["bf16/auto/device"]["sync_points"]["update_s"] == {"syncs": None, "where": []}  # nothing to wait for
+    with pytest.raises(SystemExit):
+        mod.main(["--device", "cpu", "--tiny", "--select", "host,gpu"])
+    assert "--select 'host,gpu': give each of host, device at most once" in capsys.readouterr().err

@@ -31,10 +31,10 @@ class _Learner(LearnerMixin):
 
     def _logprobs(self, batch, rows, *, grad, with_entropy):
         assert not grad and with_entropy
-        self.calls.append(rows.tolist())
+        self.calls.append(list(rows.host))
         sub = batch.select(rows)
         r = sub.response_mask.shape[1]
-        lp = (rows[:, None].float() + torch.arange(r)[None, :] / 10) * sub.response_mask  # 0 off the response
+        lp = (rows.index[:, None].float() + torch.arange(r)[None, :] / 10) * sub.response_mask  # 0 off the response
         return lp, -lp, r
 
 

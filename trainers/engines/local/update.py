@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from trainers.learner import actor as A
-from trainers.learner.batch import RolloutBatch, micro_batches
+from trainers.learner.batch import RolloutBatch, Rows, micro_batches
 from trainers.learner.logprobs import response_logprobs
 
 
@@ -28,7 +28,7 @@ def dropout_sources(model: torch.nn.Module) -> list[str]:
 class LearnerMixin:
     """``LocalTrainer``'s learner methods: log-probs and the policy update."""
 
-    def _logprobs(self, batch: RolloutBatch, rows: torch.Tensor, *, grad: bool, with_entropy: bool):
+    def _logprobs(self, batch: RolloutBatch, rows: Rows, *, grad: bool, with_entropy: bool):
         sub = batch.select(rows)
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx:
@@ -46,8 +46,8 @@ class LearnerMixin:
         self.model.eval()
         for rows in micro_batches(batch, torch.arange(B, device=self.device), rows_per_micro, tokens_per_micro):
             lp, en, r = self._logprobs(batch, rows, grad=False, with_entropy=True)
-            old[rows, :r] = lp
-            ent[rows, :r] = en
+            old[rows.index, :r] = lp
+            ent[rows.index, :r] = en
         return old, ent
 
     def _update(self, step: int, batch: RolloutBatch, old: torch.Tensor, adv: torch.Tensor,
@@ -73,8 +73,9 @@ class LearnerMixin:
                                         num_seqs=int(mini.numel()))
                 self.optimizer.zero_grad(set_to_none=True)
                 pg_loss_sum = 0.0
-                for micro in micro_batches(batch, mini, alg.micro_batch_size, alg.micro_batch_tokens):
-                    logp, ent, r = self._logprobs(batch, micro, grad=True,
+                for rows in micro_batches(batch, mini, alg.micro_batch_size, alg.micro_batch_tokens):
+                    micro = rows.index
+                    logp, ent, r = self._logprobs(batch, rows, grad=True,
                                                   with_entropy=alg.entropy_coeff > 0 or fill is not None)
                     w = None if weights is None else weights[micro, :r]
                     if fill is not None:
