@@ -9,7 +9,9 @@ Both precisions run the trainer's own components: its sampler (``--sampler``: ``
 on CUDA, ``loop`` the reference KV-cache loop), the
 chunked log-probs (``trainers.learner.logprobs``; the old policy's from the update's own forward, as the trainer's
 default ``algorithm.old_log_prob=auto``, or with ``--old-log-prob recompute`` from a no-gradient pass first;
-``--old-log-prob auto,recompute`` times both as variants ``RECIPE/auto`` and ``RECIPE/recompute`` side by side), AdamW
+``--old-log-prob auto,recompute`` times both as variants ``RECIPE/auto`` and ``RECIPE/recompute`` side by side;
+micro-batches sized on the host as the trainer's, or with ``--select device`` from values read back from the GPU,
+``--select host,device`` both as variants), AdamW
 with gradient clipping, minite's
 ``quantize_model`` (the NVFP4 recipe patches every decoder linear; lm_head stays high precision, as in
 training), and the weight sync (the re-quantization of the NVFP4 weight caches after the optimizer step: on CUDA with
@@ -49,8 +51,8 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: where the update's old log-probs come from (the trainer's algorithm.old_log_prob)
 OLD_LOG_PROB = ("auto", "recompute")
-#: how the update sizes a micro-batch: from the batch's host layout (the trainer's), or from its rows read back from
-#: the GPU (a wait at every micro-batch, as the trainer did before 2026-12-07)
+#: how the learner's passes size a micro-batch: from the batch's host layout (the trainer's), or from values read
+#: back from the GPU (its rows, padding and response count: waits at every micro-batch, as before 2026-12-07)
 SELECT = ("host", "device")
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
@@ -197,13 +199,25 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
     lp_chunks = (micro_batches(b, torch.arange(B, device=dev), logprob_micro, micro_tokens) if logprob_micro
                  else chunks)
 
+    def forward(rows, with_entropy: bool):
+        """(sub-batch, log-probs) of a micro-batch. ``host`` (the trainer's): sized from the batch's host layout,
+        which the log-prob pass also takes (transformers' mask made by it, the response positions by count); nothing
+        is read back from the GPU. ``device``: the rows, the padding and the response count read back from the GPU,
+        each a wait for the work queued before it."""
+        if select == "host":
+            sub = b.select(rows)
+            facts = {"response_tokens": sub.response_tokens(), "padded": sub.padded()}
+        else:
+            sub, facts = b.select(rows.index), {}
+        lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                                  prompt_len=sub.prompt_len, with_entropy=with_entropy, **facts)
+        return sub, lp
+
     def recompute():
         old = torch.zeros(B, R, device=dev)
         with torch.no_grad():
             for rows in lp_chunks:
-                sub = b.select(rows)
-                lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                                          prompt_len=sub.prompt_len, with_entropy=False)
+                _, lp = forward(rows, False)
                 old[rows.index, :lp.shape[1]] = lp
         return old
 
@@ -217,17 +231,14 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         model.train()
         opt.zero_grad(set_to_none=True)
         for rows in chunks:
-            # host: the trainer's micro-batch, sized from the host layout; device: its rows read back from the GPU
-            # first, which waits for the previous micro-batch's backward
-            sub = b.select(rows if select == "host" else rows.index)
-            r = sub.response_mask.shape[1]
             # the trainer's update computes the entropies too where its forward stands in for the recompute
-            lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                                      prompt_len=sub.prompt_len, with_entropy=old_from_update)
+            sub, lp = forward(rows, old_from_update)
+            r = sub.response_mask.shape[1]
             if old_from_update:
                 old[rows.index, :r] = lp.detach()
             ratio = torch.exp(lp - old[rows.index, :r])
             loss = -(adv[rows.index] * ratio * sub.response_mask).sum() / ntok
+            float(loss.detach())  # as the trainer's loss metrics (verl's policy loss reads its own back) before backward
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -407,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
                          "no-gradient pass first; several, comma-separated: each recipe once per mode, as variants "
                          "RECIPE/MODE timed side by side")
     ap.add_argument("--select", default="host",
-                    help="how the update sizes each micro-batch: host (the trainer's: from the batch's host layout, "
-                         "no wait for the GPU) or device (its rows read back from the GPU first); both, "
-                         "comma-separated: variants RECIPE/SELECT timed side by side")
+                    help="how the learner's passes size each micro-batch: host (the trainer's: from the batch's host "
+                         "layout, no wait for the GPU) or device (its rows, padding and response count read back from "
+                         "the GPU); both, comma-separated: variants RECIPE/SELECT timed side by side")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")

@@ -147,3 +147,73 @@ def test_gpu_fused_matches_chunked():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _fused_matches_chunked("cuda", 1e-4)
+
+
+def _facts_batch(tok, prompt_lens, response_lens, vocab):
+    from rollout.local import Completion
+
+    g = torch.Generator().manual_seed(sum(prompt_lens) * 31 + sum(response_lens))
+    comps = [Completion(prompt_ids=torch.randint(3, vocab, (p,), generator=g).tolist(),
+                        token_ids=torch.randint(3, vocab, (r,), generator=g).tolist(), logprobs=[-1.0] * r,
+                        finish_reason="length") for p, r in zip(prompt_lens, response_lens)]
+    return collate(comps, pad_id=0)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("lens", [((3, 5, 1), (4, 0, 6)), ((4, 4), (3, 3)), ((2,), (5,))])
+def test_host_facts_give_the_same_bits(tiny_model, arch, lens):
+    """With the batch's host facts (response count, padding) the pass makes transformers' mask itself and gathers
+    by count: the same log-probs, entropies and gradients, bit for bit, as letting the model check the mask; a
+    batch without padding takes sdpa's ``is_causal`` both ways. The mask it makes is transformers' own."""
+    model = tiny_model[0] if arch == "qwen3" else _tiny_llama()
+    assert model.config._attn_implementation == "sdpa"
+    b = _facts_batch(tiny_model[1], *lens, vocab=min(model.config.vocab_size, 96))
+    assert b.padded() == (len(set(lens[0])) > 1)  # equal prompts and equal responses: no padding
+    outs = []
+    for facts in ({}, {"response_tokens": b.response_tokens(), "padded": b.padded()}):
+        model.zero_grad(set_to_none=True)
+        lp, ent = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, prompt_len=b.prompt_len,
+                                    chunk_size=3, **facts)
+        (lp.sum() + ent.sum()).backward()
+        outs.append((lp.detach(), ent.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    model.zero_grad(set_to_none=True)
+    for a, c in zip(*outs):
+        assert torch.equal(a, c)
+    assert b.response_tokens() == int(b.response_mask.sum())
+    from transformers.masking_utils import create_causal_mask
+
+    from trainers.learner.logprobs import causal_mask
+
+    emb = model.get_input_embeddings()(b.input_ids)
+    pos = torch.arange(b.input_ids.shape[1])
+    try:  # transformers' own mask for this batch (keyword names of 5.x)
+        want = create_causal_mask(config=model.config, inputs_embeds=emb, attention_mask=b.attention_mask,
+                                  past_key_values=None, position_ids=pos[None])
+    except TypeError:
+        want = create_causal_mask(config=model.config, input_embeds=emb, attention_mask=b.attention_mask,
+                                  cache_position=pos, past_key_values=None, position_ids=pos[None])
+    got = causal_mask(model, b.attention_mask, b.padded())
+    assert (got is None and want is None) or torch.equal(got, want)
+
+
+def test_other_models_keep_their_mask(tiny_model):
+    """Eager attention, or a model with a sliding-window layer, gets the 2D mask: transformers makes theirs."""
+    from trainers.learner.logprobs import causal_mask
+
+    model = _tiny_llama()
+    am = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    model.config._attn_implementation = "eager"
+    assert causal_mask(model, am, True) is am
+    model.config._attn_implementation = "sdpa"
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    assert causal_mask(model, am, True) is am
+    with pytest.raises(ValueError, match="give both response_tokens and padded"):
+        response_logprobs(model, am, am, am[:, 1:], prompt_len=2, response_tokens=2)

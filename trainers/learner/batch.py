@@ -26,8 +26,8 @@ class RolloutBatch:
     sampler_logp: torch.Tensor     # [B, R] fp32, processed log-probs from the sampler (0 on padding)
     prompt_len: int                # P
     #: per row (first prompt column, response end): the column of its first prompt token (P for none) and one past
-    #: its last response token (0 for none); :meth:`layout` fills it from the masks where the batch was built
-    #: without it
+    #: its last response token (0 for none), so the row attends to columns [start, P + end); :meth:`layout` fills
+    #: it from the masks where the batch was built without it
     row_layout: tuple[tuple[int, ...], tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -36,15 +36,34 @@ class RolloutBatch:
 
     def layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(first prompt column, response end) of every row, on the host. Read from the masks (one wait for the
-        GPU) the first time where ``collate`` did not give it."""
+        GPU) the first time where ``collate`` did not give it; they must have ``collate``'s form: each row attends
+        to one run of columns [start, P + end), a left-padded prompt then a right-padded response, and the response
+        mask is that run's response part."""
         if self.row_layout is None:
-            am, rm, P = self.attention_mask[:, :self.prompt_len] != 0, self.response_mask != 0, self.prompt_len
+            am, rm, P = self.attention_mask != 0, self.response_mask != 0, self.prompt_len
             R = rm.shape[1]
-            start = torch.where(am.any(1), am.int().argmax(1), P) if P else am.new_zeros(am.shape[0], dtype=torch.long)
+            pm = am[:, :P]
+            start = torch.where(pm.any(1), pm.int().argmax(1), P) if P else am.new_zeros(am.shape[0], dtype=torch.long)
             end = torch.where(rm.any(1), R - rm.flip(1).int().argmax(1), 0) if R else start.new_zeros(rm.shape[0])
-            both = torch.stack([start, end]).tolist()
-            self.row_layout = (tuple(both[0]), tuple(both[1]))
+            ok = (am.sum(1) == P + end - start) & (rm.sum(1) == end) & (am[:, P:] == rm).all(1)
+            rows = torch.stack([start, end, ok.long()]).tolist()
+            if not all(rows[2]):
+                bad = rows[2].index(0)
+                raise ValueError(f"batch row {bad} is not a left-padded prompt followed by a right-padded response "
+                                 "whose response mask matches its attention mask (the layout collate builds)")
+            self.row_layout = (tuple(rows[0]), tuple(rows[1]))
         return self.row_layout
+
+    def response_tokens(self) -> int:
+        """The number of response tokens, from the host layout."""
+        return sum(self.layout()[1])
+
+    def padded(self) -> bool:
+        """Whether the attention mask has any 0 (some row starts after column 0 or ends before the last), from the
+        host layout."""
+        starts, ends = self.layout()
+        R = self.response_mask.shape[1]
+        return any(s != 0 for s in starts) or any(e != R for e in ends)
 
     def select(self, rows: Rows | torch.Tensor) -> RolloutBatch:
         """``rows``, trimmed to the longest prompt and response among them (the prompt columns that are padding

@@ -18,6 +18,14 @@ alignment keeps the chunked path, whose rounding the sampler reproduces bit for 
 
 Layout (verl's): ``input_ids = [left-padded prompt | right-padded response]``; response tokens start at column P.
 ``position_ids = cumsum(attention_mask) - 1`` so positions match the sampler's KV-cache decode exactly.
+
+Given the batch's host facts (``response_tokens``, ``padded``: ``RolloutBatch.response_tokens()`` / ``padded()``)
+the pass reads nothing back from the GPU before its loss. It then gathers the response positions by their known
+count instead of a boolean mask, and for the decoders in ``CAUSAL_MASK_MODELS`` on sdpa it makes the mask
+transformers would make (None where nothing is padded, so sdpa's ``is_causal``; else the boolean [B, 1, S, S]
+``key <= query and attention_mask[b, key]``) instead of letting transformers check the mask for padding on the
+device. Same operands, same kernels, so the same bits (``tests/trainers/test_logprobs.py``); without the facts,
+each of these asks the GPU once.
 """
 from __future__ import annotations
 
@@ -31,6 +39,9 @@ from torch import nn
 from minite_kernels.strict import StrictMode, strict_active
 from rollout.sampling import process_logits
 
+#: transformers model types whose layers all attend through the one causal mask ``create_causal_mask`` makes
+#: (with no sliding-window layer: ``causal_mask`` checks ``config.layer_types``)
+CAUSAL_MASK_MODELS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 #: tokens per chunk of the fused kernel: one chunk x V BF16 logits block at a time (2048 x 151,936: 0.6 GB)
 FUSED_CHUNK = 2048
 KERNELS = ("auto", "torch")
@@ -65,23 +76,47 @@ def _fused(lm_head, h: torch.Tensor, temperature: float, softcap):
     return logprobs_and_entropy if kernel_device_ok(h) else None
 
 
+def causal_mask(model, attention_mask: torch.Tensor, padded: bool) -> torch.Tensor | None:
+    """The attention mask to hand ``model``: for a ``CAUSAL_MASK_MODELS`` decoder on sdpa, what transformers'
+    ``create_causal_mask`` would make of ``attention_mask`` (``padded``: whether it has a 0), made without reading
+    it back; for any other model ``attention_mask`` itself."""
+    conf = model.config
+    if (conf.model_type not in CAUSAL_MASK_MODELS or getattr(conf, "_attn_implementation", None) != "sdpa"
+            or "sliding_attention" in (getattr(conf, "layer_types", None) or ())):
+        return attention_mask
+    if not padded:
+        return None  # sdpa's is_causal, as transformers chooses for a mask without padding
+    S = attention_mask.shape[1]
+    pos = torch.arange(S, device=attention_mask.device)
+    return (pos[None, None, None, :] <= pos[None, None, :, None]) & attention_mask.bool()[:, None, None, :]
+
+
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
                       *, prompt_len: int, temperature: float = 1.0, chunk_size: int = 256,
-                      with_entropy: bool = True, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                      with_entropy: bool = True, kernel: str = "auto", response_tokens: int | None = None,
+                      padded: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (logp [B, R], entropy [B, R]) of the response tokens, zero where response_mask is 0. ``kernel``:
-    ``auto`` takes the fused kernel where it applies (module docstring), ``torch`` always the chunked path."""
+    ``auto`` takes the fused kernel where it applies (module docstring), ``torch`` always the chunked path.
+    ``response_tokens`` (the mask's count of 1s) and ``padded`` (whether ``attention_mask`` has a 0), known on the
+    host, spare the GPU read-backs (module docstring); both or neither."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
+    if (response_tokens is None) != (padded is None):
+        raise ValueError("give both response_tokens and padded (the batch's host facts), or neither")
     B, S = input_ids.shape
     R = S - prompt_len
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     base = getattr(model, model.base_model_prefix)
-    hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    mask = attention_mask if padded is None else causal_mask(model, attention_mask, padded)
+    hidden = base(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                   use_cache=False).last_hidden_state
     h = hidden[:, prompt_len - 1:S - 1, :]
     targets = input_ids[:, prompt_len:]
     sel = response_mask.bool()
-    h_sel, y_sel = h[sel], targets[sel]
+    # the response positions, row by row: by their known count, or by the mask (its count read back)
+    where = (tuple(torch.nonzero_static(sel, size=response_tokens).unbind(1)) if response_tokens is not None
+             else sel.nonzero(as_tuple=True))
+    h_sel, y_sel = h[where], targets[where]
     lm_head = model.get_output_embeddings()
     softcap = getattr(model.config, "final_logit_softcapping", None)
     fused = _fused(lm_head, h_sel, temperature, softcap) if kernel == "auto" else None
@@ -104,8 +139,8 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     logp = torch.zeros((B, R), dtype=dtype, device=input_ids.device)
     ent = torch.zeros((B, R), dtype=dtype, device=input_ids.device)
     if logps:
-        logp = logp.masked_scatter(sel, torch.cat(logps))
-        ent = ent.masked_scatter(sel, torch.cat(ents).detach() if not with_entropy else torch.cat(ents))
+        logp = logp.index_put(where, torch.cat(logps))
+        ent = ent.index_put(where, torch.cat(ents).detach() if not with_entropy else torch.cat(ents))
     return logp, ent
 
 

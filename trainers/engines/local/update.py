@@ -35,7 +35,8 @@ class LearnerMixin:
             logp, ent = response_logprobs(self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
                                           prompt_len=sub.prompt_len, temperature=self.cfg.rollout.temperature,
                                           chunk_size=self.cfg.trainer.logprob_chunk_size,
-                                          with_entropy=with_entropy, kernel=self.cfg.trainer.logprob_kernel)
+                                          with_entropy=with_entropy, kernel=self.cfg.trainer.logprob_kernel,
+                                          response_tokens=sub.response_tokens(), padded=sub.padded())
         return logp, ent, sub.response_mask.shape[1]
 
     def _recompute_old(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
