@@ -217,3 +217,38 @@ def test_other_models_keep_their_mask(tiny_model):
     assert causal_mask(model, am, True) is am
     with pytest.raises(ValueError, match="give both response_tokens and padded"):
         response_logprobs(model, am, am, am[:, 1:], prompt_len=2, response_tokens=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+def test_gpu_host_facts_give_the_same_bits(kernel, qwen3_tokenizer_dir):
+    """On CUDA in BF16 (sdpa's GPU kernels; ``auto``: the fused Triton log-prob kernel): the same bits with the
+    host facts as without, and no read-back before the loss with them."""
+    import copy
+    import warnings
+
+    from rollout.models import tiny_random_qwen3
+
+    model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
+    model = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    b = _facts_batch(tok, (3, 9, 1, 6), (4, 0, 12, 7), vocab=2000)
+    b = type(b)(*(t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask, b.sampler_logp)), b.prompt_len,
+                b.row_layout)
+    outs = []
+    for facts in ({}, {"response_tokens": b.response_tokens(), "padded": b.padded()}):
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                lp, ent = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                            prompt_len=b.prompt_len, kernel=kernel, **facts)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in seen if "synchronizing" in str(w.message)]
+        (lp.float().sum() + ent.float().sum()).backward()
+        outs.append((lp.detach(), ent.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone(), syncs))
+    model.zero_grad(set_to_none=True)
+    for a, c in zip(outs[0][:3], outs[1][:3]):
+        assert torch.equal(a, c)
+    assert outs[0][3] and not outs[1][3], [str(w.message) for w in outs[1][3]]
