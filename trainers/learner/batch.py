@@ -82,7 +82,7 @@ class RolloutBatch:
         return sub
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rows:
     """Rows of a batch, as a tensor on the batch's device (to index with) and as host ints (to size with)."""
     index: torch.Tensor
