@@ -206,7 +206,7 @@ def one_step(model, tok, sampler, prompts, params, opt, *, micro: int, patched: 
         each a wait for the work queued before it."""
         if select == "host":
             sub = b.select(rows)
-            facts = {"response_tokens": sub.response_tokens(), "padded": sub.padded()}
+            facts = {"response_tokens": sub.num_tokens, "padded": sub.padded()}
         else:
             sub, facts = b.select(rows.index), {}
         lp, _ = response_logprobs(model, sub.input_ids, sub.attention_mask, sub.response_mask,

@@ -178,7 +178,7 @@ def test_host_facts_give_the_same_bits(tiny_model, arch, lens):
     b = _facts_batch(tiny_model[1], *lens, vocab=min(model.config.vocab_size, 96))
     assert b.padded() == (len(set(lens[0])) > 1)  # equal prompts and equal responses: no padding
     outs = []
-    for facts in ({}, {"response_tokens": b.response_tokens(), "padded": b.padded()}):
+    for facts in ({}, {"response_tokens": b.num_tokens, "padded": b.padded()}):
         model.zero_grad(set_to_none=True)
         lp, ent = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, prompt_len=b.prompt_len,
                                     chunk_size=3, **facts)
@@ -187,7 +187,7 @@ def test_host_facts_give_the_same_bits(tiny_model, arch, lens):
     model.zero_grad(set_to_none=True)
     for a, c in zip(*outs):
         assert torch.equal(a, c)
-    assert b.response_tokens() == int(b.response_mask.sum())
+    assert b.num_tokens == int(b.response_mask.sum())
     from transformers.masking_utils import create_causal_mask
 
     from trainers.learner.logprobs import causal_mask
@@ -235,7 +235,7 @@ def test_gpu_host_facts_give_the_same_bits(kernel, qwen3_tokenizer_dir):
     b = type(b)(*(t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask, b.sampler_logp)), b.prompt_len,
                 b.row_layout)
     outs = []
-    for facts in ({}, {"response_tokens": b.response_tokens(), "padded": b.padded()}):
+    for facts in ({}, {"response_tokens": b.num_tokens, "padded": b.padded()}):
         model.zero_grad(set_to_none=True)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")

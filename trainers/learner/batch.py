@@ -32,7 +32,8 @@ class RolloutBatch:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.response_mask.sum().item())
+        """The number of response tokens, from the host layout."""
+        return sum(self.layout()[1])
 
     def layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(first prompt column, response end) of every row, on the host. Read from the masks (one wait for the
@@ -53,10 +54,6 @@ class RolloutBatch:
                                  "whose response mask matches its attention mask (the layout collate builds)")
             self.row_layout = (tuple(rows[0]), tuple(rows[1]))
         return self.row_layout
-
-    def response_tokens(self) -> int:
-        """The number of response tokens, from the host layout."""
-        return sum(self.layout()[1])
 
     def padded(self) -> bool:
         """Whether the attention mask has any 0 (some row starts after column 0 or ends before the last), from the

@@ -19,7 +19,7 @@ alignment keeps the chunked path, whose rounding the sampler reproduces bit for 
 Layout (verl's): ``input_ids = [left-padded prompt | right-padded response]``; response tokens start at column P.
 ``position_ids = cumsum(attention_mask) - 1`` so positions match the sampler's KV-cache decode exactly.
 
-Given the batch's host facts (``response_tokens``, ``padded``: ``RolloutBatch.response_tokens()`` / ``padded()``)
+Given the batch's host facts (``response_tokens``, ``padded``: ``RolloutBatch.num_tokens`` / ``padded()``)
 the pass reads nothing back from the GPU before its loss. It then gathers the response positions by their known
 count instead of a boolean mask, and for the decoders in ``CAUSAL_MASK_MODELS`` on sdpa it makes the mask
 transformers would make (None where nothing is padded, so sdpa's ``is_causal``; else the boolean [B, 1, S, S]

@@ -36,7 +36,7 @@ class LearnerMixin:
                                           prompt_len=sub.prompt_len, temperature=self.cfg.rollout.temperature,
                                           chunk_size=self.cfg.trainer.logprob_chunk_size,
                                           with_entropy=with_entropy, kernel=self.cfg.trainer.logprob_kernel,
-                                          response_tokens=sub.response_tokens(), padded=sub.padded())
+                                          response_tokens=sub.num_tokens, padded=sub.padded())
         return logp, ent, sub.response_mask.shape[1]
 
     def _recompute_old(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
