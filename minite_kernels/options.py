@@ -1,17 +1,23 @@
-"""The kernels' execution options: one frozen object, read from the environment once.
+"""Process-wide switches for debugging and benchmarks: one frozen object, read from the environment once.
 
-Which code path a quantized linear takes, beyond its precision recipe, is set here and nowhere else:
+Which kernels compute a recipe's GEMMs is part of the recipe (``PrecisionRecipe.kernels``, a
+:class:`~minite_kernels.recipes.KernelChoice`), resolved once per linear when its plan is made. The switches
+here are the only other say, all in one place:
 
 =================  ======================  =============================================================
 field              environment default     values (first: default)
 =================  ======================  =============================================================
-gemm               MINITE_TRITON_GEMM      dequant | exact | exact_fused   (Triton NVFP4 GEMM formulation)
-decode             MINITE_TRITON_DECODE    auto | off       (packed pair kernel for <= 4-row GEMMs)
+gemm               MINITE_TRITON_GEMM      recipe | dequant | exact | exact_fused  (NVFP4 GEMM formulation)
+decode             MINITE_TRITON_DECODE    recipe | auto | off    (packed pair kernel for <= 4-row GEMMs)
+lane               MINITE_LINEAR_LANE      recipe | auto | off    (the dense linear's low-overhead lane)
+save_activations   MINITE_SAVE_ACTIVATIONS recipe | dequantized | packed (what backward keeps of an input)
 launch             MINITE_TRITON_LAUNCH    cached | jit     (host launcher of the Triton kernels)
 pdl                MINITE_TRITON_PDL       off | on         (programmatic dependent launch, sm_90+)
-lane               MINITE_LINEAR_LANE      auto | off       (the dense linear's low-overhead autograd lane)
-save_activations   MINITE_SAVE_ACTIVATIONS dequantized | packed (what backward keeps of a quantized input)
 =================  ======================  =============================================================
+
+``recipe`` (the default of the first four) leaves the choice to each recipe; any other value overrides every
+recipe's (:func:`resolve_kernels`), e.g. ``MINITE_TRITON_GEMM=exact`` to check a run against the exact
+formulation. ``launch`` and ``pdl`` are how kernels are launched, not which: they have no recipe field.
 
 The process default comes from those variables when ``minite_kernels.options`` is first imported
 (:meth:`Options.from_env`); later changes to ``os.environ`` are not seen. Change it in code instead:
@@ -20,10 +26,12 @@ The process default comes from those variables when ``minite_kernels.options`` i
     with use_options(gemm="exact"):      # this block (and asyncio tasks made in it); new threads: the default
         y = model(x)
     set_options(decode="off")            # the process default from now on
-    options().to_dict()                  # {"gemm": "dequant", "decode": "off", ...}: recorded in run metadata
+    options().to_dict()                  # {"gemm": "recipe", "decode": "off", ...}: recorded in run metadata
 
-Every path gives the same values where the formats are exact (the tests compare them); the options trade speed
-and memory only, except ``gemm``, whose ``exact*`` formulations round differently from ``dequant``.
+A linear's plan keeps the options object it was resolved under and is made again when the active one is another
+object (one identity check per call, no field lookups). Every path gives the same values where the formats are
+exact (the tests compare them); the choices trade speed and memory only, except ``gemm``, whose ``exact*``
+formulations round differently from ``dequant``.
 """
 from __future__ import annotations
 
@@ -34,16 +42,19 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from minite_kernels.recipes.spec import DEFAULT_KERNELS, KERNEL_CHOICES, KernelChoice
 from minite_util.choices import did_you_mean
 
+#: the value of a :class:`KernelChoice` field that leaves the choice to the recipe
+RECIPE = "recipe"
 #: field -> (environment variable, valid values with the default first)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "gemm": ("MINITE_TRITON_GEMM", ("dequant", "exact", "exact_fused")),
-    "decode": ("MINITE_TRITON_DECODE", ("auto", "off")),
+    "gemm": ("MINITE_TRITON_GEMM", (RECIPE, *KERNEL_CHOICES["gemm"])),
+    "decode": ("MINITE_TRITON_DECODE", (RECIPE, *KERNEL_CHOICES["decode"])),
     "launch": ("MINITE_TRITON_LAUNCH", ("cached", "jit")),
     "pdl": ("MINITE_TRITON_PDL", ("off", "on")),
-    "lane": ("MINITE_LINEAR_LANE", ("auto", "off")),
-    "save_activations": ("MINITE_SAVE_ACTIVATIONS", ("dequantized", "packed")),
+    "lane": ("MINITE_LINEAR_LANE", (RECIPE, *KERNEL_CHOICES["lane"])),
+    "save_activations": ("MINITE_SAVE_ACTIVATIONS", (RECIPE, *KERNEL_CHOICES["save_activations"])),
 }
 
 
@@ -51,12 +62,12 @@ FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
 class Options:
     """One set of execution options (see the module docstring); validated on construction."""
 
-    gemm: str = "dequant"
-    decode: str = "auto"
+    gemm: str = RECIPE
+    decode: str = RECIPE
     launch: str = "cached"
     pdl: str = "off"
-    lane: str = "auto"
-    save_activations: str = "dequantized"
+    lane: str = RECIPE
+    save_activations: str = RECIPE
 
     def __post_init__(self) -> None:
         for name, (_, valid) in FIELDS.items():
@@ -90,6 +101,11 @@ class Options:
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
 
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The :class:`KernelChoice` fields these options set instead of the recipe."""
+        return {n: getattr(self, n) for n in KERNEL_CHOICES if getattr(self, n) != RECIPE}
+
 
 #: environment variable -> field (benchmarks name their variants by the variable)
 ENV_FIELDS = {var: name for name, (var, _) in FIELDS.items()}
@@ -119,6 +135,25 @@ def set_env_option(var: str, value: str | None) -> Options:
                          f"valid: {', '.join(ENV_FIELDS)}")
     name = ENV_FIELDS[var]
     return set_options(**{name: FIELDS[name][1][0] if value is None else value.strip().lower()})
+
+
+_RESOLVED: dict[tuple[int, int], tuple[KernelChoice, Options, KernelChoice]] = {}
+
+
+def resolve_kernels(kernels: KernelChoice = DEFAULT_KERNELS, opts: Options | None = None) -> KernelChoice:
+    """``kernels`` (a recipe's choice) with the fields ``opts`` (default: the active options) override.
+    Memoised per (choice, options) object pair, so the common case costs a dict lookup."""
+    opts = options() if opts is None else opts
+    key = (id(kernels), id(opts))
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is kernels and hit[1] is opts:
+        return hit[2]
+    over = opts.overrides
+    resolved = dataclasses.replace(kernels, **over) if over else kernels
+    if len(_RESOLVED) > 256:  # options objects come and go with use_options blocks
+        _RESOLVED.clear()
+    _RESOLVED[key] = (kernels, opts, resolved)
+    return resolved
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from torch import nn
 from minite_kernels.modules.functional import WeightCache
 from minite_kernels.modules.linear import Linear, check_features
 from minite_kernels.modules.moe import GroupedExperts
-from minite_kernels.options import options
+from minite_kernels.options import options, resolve_kernels
 from minite_kernels.recipes import (
     ENV_DISABLE_BACKWARD_QUANT,
     ENV_RECIPE,
@@ -72,6 +72,8 @@ class QuantizationReport:
     env: dict[str, str | None] = field(default_factory=dict)
     #: the execution options active when the model was patched (``minite_kernels.options``)
     options: dict[str, str] = field(default_factory=dict)
+    #: the recipe's kernel choice with those options' overrides: what its linears run
+    kernels: dict[str, str] = field(default_factory=dict)
     recipe_spec: dict = field(default_factory=dict)
     versions: dict[str, str | None] = field(default_factory=dict)
 
@@ -108,6 +110,7 @@ class QuantizationReport:
             "num_skipped": len(self.skipped),
             "env": self.env,
             "options": self.options,
+            "kernels": self.kernels,
             "recipe_spec": self.recipe_spec,
             "versions": self.versions,
             "layers": [e.to_dict() for e in self.layers],
@@ -265,6 +268,7 @@ def quantize_model(
         backend=backend,
         env={k: os.environ.get(k) for k in (ENV_RECIPE, ENV_DISABLE_BACKWARD_QUANT)},
         options=options().to_dict(),
+        kernels=resolve_kernels(base.kernels).to_dict(),
         recipe_spec=base.to_dict(),
         versions=_versions(),
     )

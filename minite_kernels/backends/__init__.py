@@ -159,6 +159,18 @@ class AutoBackend(Backend):
     def availability(cls, device=None) -> tuple[bool, str]:
         return True, "auto: routes each GEMM to the best available backend (emulated always works)"
 
+    def with_kernels(self, kernels) -> AutoBackend:
+        """The same routing over the candidates bound to ``kernels`` (``Backend.with_kernels``), memoised per
+        choice."""
+        views = self.__dict__.setdefault("_views", {})
+        view = views.get(kernels)
+        if view is None:
+            view = object.__new__(type(self))
+            view.__dict__.update(self.__dict__)
+            view.candidates = [b.with_kernels(kernels) for b in self.candidates]
+            views[kernels] = view
+        return view
+
     def plan_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[Backend, str]:
         """(backend, reason) for one GEMM; the reason also says why faster backends were not used."""
         refused: list[str] = []

@@ -264,6 +264,14 @@ class Backend(abc.ABC):
             out = out[:m, :n]
         return out
 
+    # --- kernel choice --------------------------------------------------------------------------------
+    def with_kernels(self, kernels) -> Backend:
+        """This backend bound to one resolved :class:`~minite_kernels.recipes.KernelChoice` (a linear's plan
+        calls it once): a backend whose kernels are all fixed, as this base one, returns itself; the Triton
+        backend returns a view that shares its state and reads the choice from ``kernels`` instead of the
+        options on every call."""
+        return self
+
     # --- grouped weight sync (optional; ``minite_kernels.modules.weight_sync``) ---------------------------
     def grouped_sync_refusal(self, w: torch.Tensor) -> str | None:
         """None if :meth:`weight_requantizer` can re-quantize ``w``, an NVFP4 per-tensor fprop weight, in grouped

@@ -11,19 +11,19 @@ For one dense layer (report §4.3 with ``backward_operands="dequantized_forward"
     Y  = X̂ Ŵᵀ (+ b)       dX = dY Ŵ       dW = dYᵀ X̂       db = Σ_rows dY
 
 These are the generic path's operations for this recipe (``functional._forward_dense`` / ``_backward_dense``
-with the options ``gemm="dequant"`` and ``save_activations="dequantized"``): the same kernel, the same
+with the kernel choice ``gemm="dequant"`` and ``save_activations="dequantized"``): the same kernel, the same
 operands, the same ``torch.mm`` calls, so outputs and gradients are bit-identical (``tests/.../
 test_fast_lane.py``). What it leaves out is the per-call generality: the plan (:func:`lane_ok`) checks the
-recipe and backend once; each call checks only what can change (dtype, layout, row count, the options) and
-otherwise takes the generic path. The lane reaches its backend only through public methods (``LANE_METHODS``),
+recipe, its resolved kernel choice and the backend once; each call checks only what can change (dtype, layout,
+row count) and otherwise takes the generic path. The lane reaches its backend only through public methods (``LANE_METHODS``),
 so any backend that provides them can carry it.
 
 Worked example (BF16 values exactly representable in NVFP4): X = [[1, 2] + 14 zeros] quantizes per token to
 X̂ = X (amax 2 → every value is on the E2M1 grid times its scale), W = I₁₆ to Ŵ = W, so Y = X and, with
 dY = Y, dX = X and dW = Xᵀ X, as ``nn.Linear`` would give.
 
-The option ``lane="off"`` (``MINITE_LINEAR_LANE=off`` at import) sends every call down the generic path (for
-comparisons; default ``auto``).
+The kernel choice ``lane="off"`` (``recipe.with_kernels(lane="off")``, or ``MINITE_LINEAR_LANE=off`` for every
+recipe) sends every call down the generic path (for comparisons; default ``auto``).
 """
 
 from __future__ import annotations
@@ -32,19 +32,11 @@ import torch
 
 from minite_kernels.backends.base import Backend
 from minite_kernels.modules.weight_cache import WeightCache, fprop_weight
-from minite_kernels.options import FIELDS, options
-from minite_kernels.recipes import PrecisionRecipe
-
-LANE_MODES = FIELDS["lane"][1]
+from minite_kernels.recipes import KernelChoice, PrecisionRecipe
 
 #: what the lane asks of its backend, all public (``TritonBackend``): the one-launch per-token quantizer with its
 #: BF16 copy, the per-call device/routing check, and the memoized BF16 dequantized weight
 LANE_METHODS = ("quantize_token_deq", "lane_accepts", "dequantized")
-
-
-def lane_mode() -> str:
-    """``options().lane``: ``auto`` (default: eligible calls take the lane) or ``off``."""
-    return options().lane
 
 
 #: the BF16 per-token kernel's row limit (``quantize.py``: K // 2 <= 8192 words)
@@ -52,12 +44,21 @@ MAX_K = 16384
 
 
 def lane_ok(
-    recipe: PrecisionRecipe, quantizer: Backend, fprop_backend: Backend, dgrad_backend, wgrad_backend
+    recipe: PrecisionRecipe,
+    kernels: KernelChoice,
+    quantizer: Backend,
+    fprop_backend: Backend,
+    dgrad_backend,
+    wgrad_backend,
 ) -> bool:
-    """Whether a plan's dense calls may take the lane: decided once per (recipe, backend)."""
+    """Whether a plan's dense calls may take the lane: decided once per (recipe, resolved kernel choice,
+    backend)."""
     a, b = recipe.fprop.a, recipe.fprop.b
     return (
-        all(hasattr(quantizer, name) for name in LANE_METHODS)
+        kernels.lane == "auto"
+        and kernels.save_activations == "dequantized"
+        and kernels.gemm == "dequant"
+        and all(hasattr(quantizer, name) for name in LANE_METHODS)
         and fprop_backend is quantizer
         and a.format == "nvfp4"
         and a.scaling == "per_token"
@@ -74,8 +75,7 @@ def lane_ok(
 
 def call_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     """Per-call conditions (cheap first): a BF16 contiguous input at an even offset and a BF16 weight, K within
-    the kernel's limit, the options at the values the lane reproduces, and the backend's own check (device,
-    GEMM formulation, decode routing)."""
+    the kernel's limit, and the backend's own check (device, decode routing by row count)."""
     return x2d.is_contiguous() and x2d.storage_offset() % 2 == 0 and deq_ok(lane, x2d, weight)
 
 
@@ -84,15 +84,12 @@ def deq_ok(lane: tuple, x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     ``x2d``'s rows, dtype and device, i.e. whether an X̂ made elsewhere (contiguous) may stand in for its
     quantizer's."""
     m, k = x2d.shape
-    opts = options()
     return (
         x2d.dtype is torch.bfloat16
         and weight.dtype is torch.bfloat16
         and k <= MAX_K
         and k % 16 == 0
         and m > 0
-        and opts.lane == "auto"
-        and opts.save_activations == "dequantized"
         and lane[2].lane_accepts(x2d)
     )
 

@@ -26,8 +26,10 @@ re-quantized once after each ``optimizer.step()``: that is the "weight sync" re-
 optimizer step counts: ``weight_cache.py``; FSDP2 rewrites weights at the same address with the version kept).
 
 Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
-module and remembered next to its weight cache (:class:`_Plan`: which backend quantizes X and runs each
-GEMM, which GEMMs are plain BF16 matmuls, whether the fast lane applies). A dense layer (one group) takes
+module and remembered next to its weight cache (:class:`_Plan`: the recipe's kernel choice resolved against the
+debugging options, the backend bound to it, which backend quantizes X and runs each GEMM, which GEMMs are plain
+BF16 matmuls, whether the fast lane applies). A call reads no option: the plan is made again only when the recipe,
+the backend or the active options object is another one. A dense layer (one group) takes
 :class:`_DenseQLinear`, without per-group slicing; BF16 backward GEMMs are direct ``torch.mm`` calls on the
 same operand layouts the backend's BF16 path uses (identical results). Its calls that the fast lane accepts
 (``fast_lane.py``: the report's recipe on the Triton backend) run the same math with the least host work.
@@ -35,8 +37,8 @@ Grouped layers, and a dense call with no rows, take :class:`_GroupedQLinear`. No
 value on the host (no synchronization).
 
 Saved activations (``dequantized_forward``): the BF16 dequantized copy the Triton backend already wrote in
-the forward (as many bytes as ``nn.Linear`` saves), or with ``MINITE_SAVE_ACTIVATIONS=packed`` the quantized
-input's NVFP4 bytes (3.6x fewer, dequantized again in backward); same values either way (:func:`save_mode`).
+the forward (as many bytes as ``nn.Linear`` saves), or with ``kernels.save_activations=packed`` the quantized
+input's NVFP4 bytes (3.6x fewer, dequantized again in backward); same values either way (:func:`_save_inputs`).
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ from minite_kernels.backends import AutoBackend, Backend, dequantize_operand
 from minite_kernels.modules.fast_lane import call_ok, lane_backward, lane_forward, lane_ok
 from minite_kernels.modules.weight_cache import WeightCache, _Memo, fprop_weight
 from minite_kernels.modules.weight_cache import quantize_operand as _quantize
-from minite_kernels.options import FIELDS, options
-from minite_kernels.recipes import GemmSpec, OperandSpec, PrecisionRecipe
+from minite_kernels.options import Options, options, resolve_kernels
+from minite_kernels.recipes import GemmSpec, KernelChoice, OperandSpec, PrecisionRecipe
 
 
 def _route_quantize(backend: Backend, spec: OperandSpec) -> Backend:
@@ -76,8 +78,10 @@ def _route_gemm(backend: Backend, gemm: GemmSpec) -> Backend | None:
 
 
 class _Plan:
-    """Dispatch decided once per (recipe, backend): both are immutable for the plan's lifetime (a module
-    whose recipe or backend changes gets a new plan: identity is checked on every call)."""
+    """Dispatch decided once per (recipe, backend, options): all three are immutable for the plan's lifetime (a
+    module whose recipe or backend changes, or a call under other options, gets a new plan: identity is checked
+    on every call). ``source`` is the backend the module named; ``backend`` is it bound to ``kernels``, the
+    recipe's choice with the options' overrides (``Backend.with_kernels``)."""
 
     __slots__ = (
         "backend",
@@ -85,14 +89,20 @@ class _Plan:
         "dgrad_from_forward",
         "fa_q",
         "fprop_backend",
+        "kernels",
         "lane",
+        "options",
         "recipe",
+        "source",
         "wgrad_backend",
         "x_quantizer",
     )
 
-    def __init__(self, recipe: PrecisionRecipe, backend: Backend) -> None:
-        self.recipe, self.backend = recipe, backend
+    def __init__(self, recipe: PrecisionRecipe, source: Backend, opts: Options | None = None) -> None:
+        self.options = options() if opts is None else opts
+        self.kernels: KernelChoice = resolve_kernels(recipe.kernels, self.options)
+        backend = source.with_kernels(self.kernels)
+        self.recipe, self.source, self.backend = recipe, source, backend
         f = recipe.fprop
         dq_fwd = recipe.backward_operands == "dequantized_forward"
         self.fa_q = f.a.quantized
@@ -101,7 +111,9 @@ class _Plan:
         self.fprop_backend = _route_gemm(backend, f) or backend
         self.dgrad_backend = _route_gemm(backend, recipe.dgrad)
         self.wgrad_backend = _route_gemm(backend, recipe.wgrad)
-        ok = lane_ok(recipe, self.x_quantizer, self.fprop_backend, self.dgrad_backend, self.wgrad_backend)
+        ok = lane_ok(
+            recipe, self.kernels, self.x_quantizer, self.fprop_backend, self.dgrad_backend, self.wgrad_backend
+        )
         self.lane = (recipe, backend, self.x_quantizer) if ok else None
 
 
@@ -110,8 +122,9 @@ def _plan_for(recipe: PrecisionRecipe, backend: Backend, cache: WeightCache) -> 
     if slot is None:  # a cache unpickled from an older version
         slot = cache._dispatch = _Memo()
     plan = slot.value
-    if plan is None or plan.recipe is not recipe or plan.backend is not backend:
-        plan = slot.value = _Plan(recipe, backend)
+    opts = options()
+    if plan is None or plan.recipe is not recipe or plan.source is not backend or plan.options is not opts:
+        plan = slot.value = _Plan(recipe, backend, opts)
     return plan
 
 
@@ -265,28 +278,21 @@ def _forward_groups(state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor
     return y, qxs
 
 
-SAVE_MODES = FIELDS["save_activations"][1]
-
-
-def save_mode() -> str:
-    """``options().save_activations``: what a quantized linear keeps of its quantized input for backward.
+def _save_inputs(ctx, state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, qxs: list) -> None:
+    """What the backward needs of the inputs: the weight, and X (or, under ``dequantized_forward``, each
+    group's quantized X as the plan's ``kernels.save_activations`` says).
 
     ``dequantized`` (default): the BF16 dequantized copy, where the backend already made it in the forward (the
     Triton backend's ``deq``; bit-equal to dequantizing the bytes, so gradients are identical): no dequantize
     launch in backward, and saved activations the size of ``nn.Linear``'s (2 bytes per element). Operands
     without that copy (the emulated backend's) are saved packed. ``packed``: the NVFP4 bytes (0.5625 bytes per
     element), dequantized again in backward: less memory, one more launch (``benchmarks/RESULTS.md``)."""
-    return options().save_activations
-
-
-def _save_inputs(ctx, state: QLinearState, x2d: torch.Tensor, weight: torch.Tensor, qxs: list) -> None:
-    """What the backward needs of the inputs: the weight, and X (or, under ``dequantized_forward``, each
-    group's quantized X as :func:`save_mode` says: its BF16 dequantized copy or its packed bytes)."""
     r = state.recipe
     ctx.state = state
     ctx.x_dtype = x2d.dtype
     if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
-        keep_deq = x2d.dtype == torch.bfloat16 and save_mode() == "dequantized"
+        kernels = state.plan.kernels if state.plan is not None else resolve_kernels(r.kernels)
+        keep_deq = x2d.dtype == torch.bfloat16 and kernels.save_activations == "dequantized"
         tensors, rebuilders, counts = [], [], []
         for q in qxs:
             if q is None:
@@ -521,10 +527,10 @@ def qlinear(
         elif lane:
             y = lane_forward(plan.lane, cache, x2d, weight, bias)[0]
         else:
-            state = QLinearState(recipe, backend, cache, generator, splits, False, plan=plan)
+            state = QLinearState(recipe, plan.backend, cache, generator, splits, False, plan=plan)
             y = _forward_dense(state, x2d, weight, bias)[0]
     else:
-        state = QLinearState(recipe, backend, cache, generator, splits, grouped, plan=plan)
+        state = QLinearState(recipe, plan.backend, cache, generator, splits, grouped, plan=plan)
         if needs_grad:
             y = _GroupedQLinear.apply(x2d, weight, bias, state)
         else:

@@ -16,7 +16,9 @@ wgrad    dYᵀ [N,M]    Xᵀ  [K,M]    dW [N,K]
 
 Each operand has an :class:`OperandSpec` (format, scaling scope, tile, RHT, stochastic rounding);
 a :class:`GemmSpec` pairs two; a :class:`PrecisionRecipe` names fprop/dgrad/wgrad plus where the
-backward GEMMs take X and W from (``backward_operands``), report §4.3.
+backward GEMMs take X and W from (``backward_operands``), report §4.3, and which kernels compute them where
+several can (:class:`KernelChoice`, ``kernels``: the GEMM formulation, decode routing, the autograd lane, what
+backward saves).
 
 Selection (report §4.3, §7.2): explicit recipe > ``$MINITE_RECIPE`` > :data:`DEFAULT_RECIPE`.
 ``DISABLE_BACKWARD_QUANT=1`` turns any recipe's backward into BF16 GEMMs on the original (unquantized)
@@ -63,16 +65,19 @@ from minite_kernels.recipes.spec import (
     BF16,
     BF16_GEMM,
     BLOCK_K,
+    DEFAULT_KERNELS,
     FORMATS,
     GEMM_OPERANDS,
     GEMM_ROLES,
     GEMMS,
     GROUPS,
+    KERNEL_CHOICES,
     ROLES,
     SCALINGS,
     SUMMARY_LEGEND,
     TILES,
     GemmSpec,
+    KernelChoice,
     OperandSpec,
     PrecisionRecipe,
     RecipeError,
@@ -83,6 +88,7 @@ __all__ = [
     "BF16",
     "BF16_GEMM",
     "BLOCK_K",
+    "DEFAULT_KERNELS",
     "DEFAULT_RECIPE",
     "ENV_DISABLE_BACKWARD_QUANT",
     "ENV_RECIPE",
@@ -91,11 +97,13 @@ __all__ = [
     "GEMM_OPERANDS",
     "GEMM_ROLES",
     "GROUPS",
+    "KERNEL_CHOICES",
     "ROLES",
     "SCALINGS",
     "SUMMARY_LEGEND",
     "TILES",
     "GemmSpec",
+    "KernelChoice",
     "LayerSelector",
     "OperandSpec",
     "PrecisionRecipe",

@@ -158,6 +158,63 @@ class GemmSpec:
 
 BF16_GEMM = GemmSpec(BF16, BF16)
 
+#: field -> valid values (first: default) of :class:`KernelChoice`
+KERNEL_CHOICES: dict[str, tuple[str, ...]] = {
+    "gemm": ("dequant", "exact", "exact_fused"),
+    "decode": ("auto", "off"),
+    "lane": ("auto", "off"),
+    "save_activations": ("dequantized", "packed"),
+}
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which kernels compute a recipe's GEMMs where more than one can (as torchao's ``gemm_kernel_choice``).
+
+    Part of the recipe, so it travels with it (``to_dict``) and each linear resolves it once, when its plan is
+    made (``modules/functional.py``), not per call. On the Triton backend:
+
+    - ``gemm``: the NVFP4 GEMM formulation. ``dequant``: ``bf16(x̂) @ bf16(ŵ)ᵀ`` (cuBLAS, FP32 accumulate);
+      ``exact``: ``(qs_a @ qs_bᵀ) * amax_a * amax_b / 2688²`` (cuBLAS, then an FP32 scaling pass);
+      ``exact_fused``: the same in one Triton kernel. The two formulations round differently.
+    - ``decode``: ``auto`` runs GEMMs of at most 4 per-token activation rows on the packed-FP4 pair kernel;
+      ``off`` keeps them on the ``gemm`` path.
+    - ``lane``: ``auto`` lets eligible dense calls take the low-overhead autograd lane; ``off`` sends every call
+      down the generic path (same values).
+    - ``save_activations``: what backward keeps of a quantized input: ``dequantized`` (its BF16 copy, no
+      dequantize in backward) or ``packed`` (its NVFP4 bytes, 3.6x fewer, dequantized again; same values).
+
+    Backends without these kernels ignore the fields. ``MINITE_TRITON_GEMM`` and the other variables of
+    :mod:`minite_kernels.options` override them process-wide, for debugging only.
+    """
+
+    gemm: str = "dequant"
+    decode: str = "auto"
+    lane: str = "auto"
+    save_activations: str = "dequantized"
+
+    def __post_init__(self) -> None:
+        for name, valid in KERNEL_CHOICES.items():
+            value = getattr(self, name)
+            if value not in valid:
+                raise RecipeError(f"KernelChoice.{name}={value!r} is unknown; {_valid(str(value), valid)}")
+
+    def summary(self) -> str:
+        """The fields that differ from the defaults, ``gemm=exact decode=off``; ``default`` if none."""
+        default = KernelChoice()
+        parts = [f"{n}={getattr(self, n)}" for n in KERNEL_CHOICES if getattr(self, n) != getattr(default, n)]
+        return " ".join(parts) or "default"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> KernelChoice:
+        return cls(**_fields(cls, d, "KernelChoice"))
+
+
+DEFAULT_KERNELS = KernelChoice()
+
 
 @dataclass(frozen=True)
 class PrecisionRecipe:
@@ -184,6 +241,7 @@ class PrecisionRecipe:
     requires: tuple[str, ...] = ("torch",)
     backward_operands: str = "quantized"
     backward_bypass: bool = False
+    kernels: KernelChoice = DEFAULT_KERNELS
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -197,6 +255,8 @@ class PrecisionRecipe:
                 f"PrecisionRecipe.backward_operands={self.backward_operands!r} is unknown; "
                 f"{_valid(str(self.backward_operands), BACKWARD_OPERANDS)}"
             )
+        if not isinstance(self.kernels, KernelChoice):
+            raise RecipeError(f"PrecisionRecipe.kernels must be a KernelChoice, got {type(self.kernels).__name__}")
         object.__setattr__(self, "requires", tuple(self.requires))
         for gname in GEMMS:
             g = getattr(self, gname)
@@ -276,6 +336,7 @@ class PrecisionRecipe:
             "fprop": self.fprop.to_dict(),
             "dgrad": self.dgrad.to_dict(),
             "wgrad": self.wgrad.to_dict(),
+            "kernels": self.kernels.to_dict(),
             "forward_precision": self.forward_precision,
             "backward_precision": self.backward_precision,
         }
@@ -288,7 +349,17 @@ class PrecisionRecipe:
         for g in GEMMS:
             if g in kw:
                 kw[g] = GemmSpec.from_dict(kw[g])
+        if "kernels" in kw:
+            kw["kernels"] = KernelChoice.from_dict(kw["kernels"])
         return cls(**kw)
+
+    def with_kernels(self, **changes: str) -> PrecisionRecipe:
+        """This recipe with some :class:`KernelChoice` fields changed (same name: the GEMMs' precision is the
+        same, the kernels that compute it differ); an unknown field raises naming the valid ones."""
+        unknown = [k for k in changes if k not in KERNEL_CHOICES]
+        if unknown:
+            raise RecipeError(f"KernelChoice has no field {unknown[0]!r}; {_valid(unknown[0], KERNEL_CHOICES)}")
+        return dataclasses.replace(self, kernels=dataclasses.replace(self.kernels, **changes))
 
 
 def _fields(cls, d, what: str, derived: tuple[str, ...] = ()) -> dict:

@@ -54,7 +54,7 @@ def bench_linear(args):
         from minite_kernels.backends.triton import scaled_mm_nt
 
         def fwd():
-            tb._last = None  # no reuse across repetitions (the q/k/v input cache would hit)
+            tb.clear_cache()  # no reuse across repetitions (the q/k/v input cache would hit)
             return tb.qgemm_nt(
                 None,
                 None,
@@ -67,14 +67,14 @@ def bench_linear(args):
 
         for mode in ("dequant", "exact", "exact_fused"):
             set_options(gemm=mode)
-            tb._last = None
+            tb.clear_cache()
             qw = tb.quantize(w, spec.b)
             t = bench(fwd)
             rec[f"ours_{mode}_ms"] = t
             rec[f"ratio_{mode}"] = t / t_bf16
             add(mode, t)
-            tb._last = None
-            rec[f"quantize_x_{mode}_ms"] = bench(lambda: (setattr(tb, "_last", None), tb.quantize(x, spec.a)))
+            tb.clear_cache()
+            rec[f"quantize_x_{mode}_ms"] = bench(lambda: (tb.clear_cache(), tb.quantize(x, spec.a)))
             qx = tb.quantize(x, spec.a)
             if mode == "dequant":
                 rec["gemm_only_dequant_ms"] = t_g = bench(lambda: torch.mm(qx.deq, qw.deq.t()))
@@ -87,7 +87,7 @@ def bench_linear(args):
                 # whenever the host is slower than the kernels (small GEMMs on a slow host)
                 g_b = bench(lambda: F.linear(x, w), graph=True)
                 g_o = bench(fwd, graph=True)
-                g_q = bench(lambda: (setattr(tb, "_last", None), tb.quantize(x, spec.a)), graph=True)
+                g_q = bench(lambda: (tb.clear_cache(), tb.quantize(x, spec.a)), graph=True)
                 g_g = bench(lambda: torch.mm(qx.deq, qw.deq.t()), graph=True)
                 rec.update(
                     gpu_bf16_ms=g_b,
@@ -105,7 +105,7 @@ def bench_linear(args):
                 impl = "triton" if mode == "exact_fused" else "cublas"
                 rec[f"gemm_only_{mode}_ms"] = bench(lambda: scaled_mm_nt(qa, qb, qx.amax, qw.amax, impl=impl))
         set_options(gemm="dequant")
-        tb._last = None
+        tb.clear_cache()
         qw = tb.quantize(w, spec.b)
         qw_e = eb.quantize(w, spec.b)
         rec["emulated_ms"] = t_e = bench(
@@ -160,7 +160,7 @@ def bench_linear(args):
         # accuracy against the emulated reference (FP32 GEMM) on this shape, both output precisions
         y_ref = eb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw_e, out_dtype=torch.float32)
         for od in (torch.bfloat16, torch.float32):
-            tb._last = None
+            tb.clear_cache()
             y = tb.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=od).float()
             rec[f"rel_l2_vs_emulated_{str(od)[6:]}"] = ((y - y_ref).norm() / y_ref.norm()).item()
         emit(rec)
@@ -175,8 +175,8 @@ def bench_linear(args):
             tb_mod = getattr(mod, "backend_for", None)
             if tb_mod is not None:
                 b = mod.backend_for(xg.device)
-                if hasattr(b, "_last"):
-                    b._last = None  # no reuse of the quantized input across repetitions
+                if hasattr(b, "clear_cache"):
+                    b.clear_cache()  # no reuse of the quantized input across repetitions
             y = mod(xg)
             y.backward(dy)
 

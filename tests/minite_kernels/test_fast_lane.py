@@ -35,12 +35,12 @@ def _inputs(device, m=24, k=64, n=96, seed=0, dtype=torch.bfloat16):
 
 
 def _run(x, w, b, dy, backend, need=(True, True, True), name=LANE):
-    """(path, [y, dx, dw, db]) of one qlinear call with a fresh weight cache; path is "lane" when the dense
-    autograd function took the fast lane, else its node's name."""
+    """(path, [y, dx, dw, db]) of one qlinear call with a fresh weight cache (``name``: a recipe or its name);
+    path is "lane" when the dense autograd function took the fast lane, else its node's name."""
     x = x.detach().requires_grad_(need[0])  # a new leaf over the same memory (keeps the layout)
     w = w.detach().clone().requires_grad_(need[1])
     b = None if b is None else b.detach().clone().requires_grad_(need[2])
-    y = qlinear(x, w, b, recipe(name), backend, WeightCache())
+    y = qlinear(x, w, b, recipe(name) if isinstance(name, str) else name, backend, WeightCache())
     fn = y.grad_fn.next_functions[0][0] if y.grad_fn.name() == "ViewBackward0" else y.grad_fn
     node = "lane" if getattr(fn, "lane", False) else type(fn).__name__
     y.backward(dy)
@@ -131,7 +131,7 @@ def _shared_input_quantized_once(device, monkeypatch, minite_options):
 def _ineligible_calls_take_the_generic_path(device, minite_options):
     from minite_kernels.backends.triton import TritonBackend
 
-    minite_options(lane="auto")
+    minite_options(lane="recipe")  # no override: each recipe's own choice
     x, w, b, dy = _inputs(device)
     cases = {
         "fp32 input": {"x": x.float(), "dy": dy.float()},
@@ -145,9 +145,16 @@ def _ineligible_calls_take_the_generic_path(device, minite_options):
         node, _ = _run(args["x"], args["w"], args["b"], args["dy"], TritonBackend(device))
         assert node == "_DenseQLinearBackward", what
     for change in ({"gemm": "exact"}, {"save_activations": "packed"}, {"lane": "off"}):
-        with use_options(**change):
-            node, _ = _run(x, w, b, dy, TritonBackend(device))
+        # the recipe's kernel choice, and the same choice as a process-wide override: same path, same bits
+        node, by_recipe = _run(x, w, b, dy, TritonBackend(device), name=recipe(LANE).with_kernels(**change))
         assert node == "_DenseQLinearBackward", change
+        with use_options(**change):
+            node, by_options = _run(x, w, b, dy, TritonBackend(device))
+        assert node == "_DenseQLinearBackward", change
+        _assert_same(by_recipe, by_options)
+    # an override wins over the recipe's choice: the lane recipe asks for the lane, the options refuse it
+    with use_options(lane="off"):
+        assert _run(x, w, b, dy, TritonBackend(device), name=recipe(LANE).with_kernels(lane="auto"))[0] != "lane"
     node, _ = _run(x, w, b, dy, TritonBackend(device), name="nvfp4_per_token")  # NVFP4 backward
     assert node == "_DenseQLinearBackward"
 
@@ -186,8 +193,46 @@ def test_plan_decides_the_lane_once_per_recipe_and_backend():
     assert not _plan_for(recipe(LANE), get_backend("emulated", "cpu"), WeightCache()).lane
 
 
+def test_a_plan_binds_the_recipe_kernels_once_and_reads_no_option_field_per_call(monkeypatch):
+    """The plan resolves the recipe's kernel choice against the options once and binds the backend to it (a
+    memoised view sharing the backend's state); a call then makes one identity check of the active options and
+    resolves nothing; other options make a new plan."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    import minite_kernels.modules.functional as F
+    from minite_kernels.backends import AutoBackend
+    from minite_kernels.backends.triton import TritonBackend
+
+    tb = TritonBackend("cpu")
+    exact = recipe(LANE).with_kernels(gemm="exact")
+    cache = WeightCache()
+    plan = _plan_for(exact, tb, cache)
+    assert plan.kernels.gemm == "exact" and plan.lane is None  # the lane computes the dequant formulation only
+    assert plan.backend is tb.with_kernels(plan.kernels) and plan.backend.kernels is plan.kernels
+    assert plan.backend._shared is tb._shared and tb.kernels is None
+    assert _plan_for(exact, tb, cache) is plan
+    with use_options(gemm="dequant"):
+        other = _plan_for(exact, tb, cache)
+        assert other is not plan and other.kernels.gemm == "dequant" and other.lane is not None
+    auto = AutoBackend("cpu")
+    view = auto.with_kernels(plan.kernels)
+    assert view is auto.with_kernels(plan.kernels) and view.candidates[0].name == "emulated"
+
+    calls = {"options": 0, "resolve": 0}
+    real_options, real_resolve = F.options, F.resolve_kernels
+    monkeypatch.setattr(F, "options", lambda: calls.__setitem__("options", calls["options"] + 1) or real_options())
+    monkeypatch.setattr(F, "resolve_kernels",
+                        lambda *a: calls.__setitem__("resolve", calls["resolve"] + 1) or real_resolve(*a))
+    layer = Linear(64, 96, qlinear_params=exact, backend="emulated")
+    x = torch.randn(8, 64)
+    layer(x).sum().backward()  # the first call makes the plan
+    calls.update(options=0, resolve=0)
+    for _ in range(3):
+        layer(x).sum().backward()
+    assert calls == {"options": 3, "resolve": 0}
+
+
 def test_invalid_lane_mode_names_the_choices():
-    with pytest.raises(ValueError, match=r"MINITE_LINEAR_LANE='on' is not valid; valid: auto, off"):
+    with pytest.raises(ValueError, match=r"MINITE_LINEAR_LANE='on' is not valid; valid: recipe, auto, off"):
         Options.from_env({"MINITE_LINEAR_LANE": "on"})
 
 

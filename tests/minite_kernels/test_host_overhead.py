@@ -334,6 +334,6 @@ def test_interp_save_dequantized_keeps_one_bf16_tensor_and_same_grads(minite_opt
 
 
 def test_save_mode_rejects_unknown_values():
-    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8' is not valid; valid: dequantized, packed"):
+    with pytest.raises(ValueError, match=r"MINITE_SAVE_ACTIVATIONS='fp8' is not valid; valid: recipe, dequantized, packed"):
         Options.from_env({"MINITE_SAVE_ACTIVATIONS": "fp8"})
     assert Options.from_env({"MINITE_SAVE_ACTIVATIONS": " Dequantized"}).save_activations == "dequantized"

@@ -22,7 +22,7 @@ def test_from_env_strips_lowercases_and_names_the_variable():
 
 
 def test_bad_values_and_fields_are_refused():
-    with pytest.raises(ValueError, match=r"Options.decode='of' is not valid; did you mean 'off'\?; valid: auto, off"):
+    with pytest.raises(ValueError, match=r"Options.decode='of' is not valid; did you mean 'off'\?; valid: recipe, auto, off"):
         Options(decode="of")
     with pytest.raises(TypeError, match=r"unknown option 'gem'; did you mean 'gemm'\?"):
         Options().replace(gem="exact")
@@ -46,6 +46,23 @@ def test_scoped_and_process_defaults(minite_options):
         t.start()
         t.join()
     assert seen[0].gemm == base.gemm and seen[0].pdl == "on"
+
+
+def test_options_override_only_the_kernel_fields_they_set():
+    """``recipe`` (the default) leaves a recipe's kernel choice as it is; any other value overrides that field of
+    every recipe's choice; ``launch`` and ``pdl`` are no kernel choice."""
+    from minite_kernels.options import resolve_kernels
+    from minite_kernels.recipes import KernelChoice
+
+    mine = KernelChoice(gemm="exact", save_activations="packed")
+    assert resolve_kernels(mine, Options()) is mine
+    assert Options(launch="jit", pdl="on").overrides == {}
+    over = Options(decode="off", gemm="exact_fused")
+    assert over.overrides == {"gemm": "exact_fused", "decode": "off"}
+    assert resolve_kernels(mine, over) == KernelChoice(gemm="exact_fused", decode="off", save_activations="packed")
+    assert resolve_kernels(mine, over) is resolve_kernels(mine, over)  # memoised per (choice, options) pair
+    with use_options(lane="off"):
+        assert resolve_kernels() == KernelChoice(lane="off")
 
 
 def test_the_environment_is_read_once_at_import():

@@ -232,6 +232,34 @@ def test_recipes_round_trip_through_their_fields_and_json():
         GemmSpec.from_dict([1])
 
 
+def test_the_kernel_choice_is_part_of_the_recipe_and_travels_with_it():
+    """``kernels`` defaults to the first valid value of each field, changes by ``with_kernels`` (same name, same
+    GEMM specs), round-trips through JSON, and refuses unknown fields and values in one line naming the choices."""
+    import json
+
+    from minite_kernels.recipes import KERNEL_CHOICES, KernelChoice
+
+    r = R.get_qlinear_params("nvfp4_per_token_bf16_bwd", env={})
+    assert r.kernels == KernelChoice() and KernelChoice().to_dict() == {k: v[0] for k, v in KERNEL_CHOICES.items()}
+    exact = r.with_kernels(gemm="exact", lane="off")
+    assert exact.kernels == KernelChoice(gemm="exact", lane="off") and exact.kernels.summary() == "gemm=exact lane=off"
+    assert (exact.name, exact.fprop, exact.dgrad, exact.wgrad) == (r.name, r.fprop, r.dgrad, r.wgrad)
+    assert exact != r and hash(exact) != hash(r)
+    assert PrecisionRecipe.from_dict(json.loads(json.dumps(exact.to_dict()))) == exact
+    assert exact.with_backward_bypass().kernels == exact.kernels
+    assert KernelChoice().summary() == "default"
+    with pytest.raises(RecipeError, match=r"KernelChoice.gemm='exakt' is unknown; valid: dequant, exact, exact_fused; "
+                                          r"did you mean 'exact'\?"):
+        r.with_kernels(gemm="exakt")
+    with pytest.raises(RecipeError, match=r"KernelChoice has no field 'gem'; valid: gemm, decode, lane, "
+                                          r"save_activations; did you mean 'gemm'\?"):
+        r.with_kernels(gem="exact")
+    with pytest.raises(RecipeError, match="KernelChoice has no field 'fused'"):
+        PrecisionRecipe.from_dict({"name": "x", "kernels": {"fused": "on"}})
+    with pytest.raises(RecipeError, match="PrecisionRecipe.kernels must be a KernelChoice, got dict"):
+        PrecisionRecipe("x", kernels={"gemm": "exact"})
+
+
 def test_a_recipe_given_by_its_fields_resolves_to_that_object():
     """A mapping, or a JSON object as the name or in ``$MINITE_RECIPE``, resolves to the recipe those fields
     describe, registered or not; ``DISABLE_BACKWARD_QUANT`` still applies; a broken JSON object says so."""

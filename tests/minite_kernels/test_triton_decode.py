@@ -244,7 +244,7 @@ def _check_backend_routing() -> None:
             backend.clear_cache()
             y_off = backend.qgemm_nt(x, None, spec.a, spec.b, b_quantized=qw, out_dtype=torch.float32)
         assert rel_l2(ref, y_off) < 1e-5
-        with pytest.raises(ValueError, match="MINITE_TRITON_DECODE='sometimes' is not valid; valid: auto, off"):
+        with pytest.raises(ValueError, match="MINITE_TRITON_DECODE='sometimes' is not valid; valid: recipe, auto, off"):
             Options.from_env({"MINITE_TRITON_DECODE": "sometimes"})
     finally:
         backend.clear_cache()

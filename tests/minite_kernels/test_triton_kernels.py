@@ -181,7 +181,7 @@ def test_qgemm_matches_emulated(mode, recipe, gemm, minite_options):
         )
 
     for out_dtype in (torch.bfloat16, torch.float32):
-        tb._last = None
+        tb.clear_cache()
         y = tb.qgemm_nt(
             a, b, spec.a, spec.b, out_dtype=out_dtype, generator=torch.Generator(device="cuda").manual_seed(3)
         )

@@ -6,7 +6,8 @@
   :class:`~minite_kernels.backends.triton.tensor.TritonNVFP4Tensor` (``tensor.py``): a ``formats.NVFP4Tensor`` that also carries, from the same kernel launch, the
   dequantized values in BF16 (bit-equal to ``dequantize(torch.bfloat16)``) and optionally the exact
   ``qs = e2m1 * s_b`` GEMM operand.
-- ``qgemm_nt``: one of two GEMM formulations, chosen by ``MINITE_TRITON_GEMM``:
+- ``qgemm_nt``: one of two GEMM formulations, chosen by the recipe's ``kernels.gemm`` (:class:`KernelChoice`;
+  ``MINITE_TRITON_GEMM`` overrides it for debugging):
 
   ``dequant`` (default for BF16 outputs)::
 
@@ -22,12 +23,12 @@
   TE's row-scaled GEMM semantics (``gemm.py``): cuBLAS then a scaling pass for BF16 outputs; one Triton
   kernel (FP32 end to end) for FP32 outputs and with ``exact_fused``.
   Both are checked against the FP32 reference GEMM (tests state the tolerances).
-- With ``MINITE_TRITON_DECODE=auto`` (the default), decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 4
+- With ``kernels.decode=auto`` (the default), decode-sized GEMMs (at most ``DECODE_MAX_ROWS`` = 4
   per-token NVFP4 activation rows against a per-tensor NVFP4 weight: token-by-token generation of one to
   four sequences) run the packed-FP4 pair kernel (``decode.py``, ``decode_linear_pairs``): the activation
   is quantized by one launch that also writes its E2M1 codes as fp16 pair words, and the weight is read
   packed (0.5625 bytes/parameter instead of BF16's 2), with the ``exact`` semantics above. ``off`` sends
-  them to the GEMM of ``MINITE_TRITON_GEMM``, and so does a ROCm build of torch (``PAIR_KERNEL_OK``: the
+  them to the GEMM of ``kernels.gemm``, and so does a ROCm build of torch (``PAIR_KERNEL_OK``: the
   kernel's packed products are inline NVIDIA PTX). ``MINITE_TRITON_PDL=on`` launches both kernels with
   programmatic dependent launch on sm_90+ (``_common.pdl_mode``; off by default).
 - MXFP8, CPU tensors and non-BF16 unquantized operands go to the emulated backend (one-time warning).
@@ -37,6 +38,11 @@ input) are quantized once: the last round-to-nearest input is kept (a detached r
 cannot be reused; the version counter is shared with the original) with its storage pointer, version
 counter, shape, strides and spec; any in-place change (the version counter moves) or any other tensor
 misses. ``clear_cache()`` drops it.
+
+Kernel choice: a linear's plan binds the backend to its recipe's resolved choice once
+(:meth:`TritonBackend.with_kernels`: a view sharing this state, the shared-input cache included); the backend
+used directly (no plan) resolves the process-wide choice (:func:`~minite_kernels.options.resolve_kernels`) per
+call, as the options say.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ import torch
 
 from minite_kernels.backends.base import Backend, QuantizedOperand, capability_str, cuda_capability
 from minite_kernels.formats import NVFP4Tensor
-from minite_kernels.options import FIELDS, options
-from minite_kernels.recipes import OperandSpec
+from minite_kernels.options import resolve_kernels
+from minite_kernels.recipes import KERNEL_CHOICES, KernelChoice, OperandSpec
 
 from ._common import kernel_device_ok, triton_import_status, warn_once
 from .decode import decode_linear_pairs, quantize_for_decode
@@ -56,8 +62,8 @@ from .gemm import scaled_mm_nt
 from .quantize import dequantize_nvfp4_triton, quantize_nvfp4_triton, quantize_token_deq_bf16
 from .tensor import _KERNEL_DTYPES, TritonNVFP4Tensor
 
-GEMM_MODES = FIELDS["gemm"][1]
-DECODE_MODES = FIELDS["decode"][1]
+GEMM_MODES = KERNEL_CHOICES["gemm"]
+DECODE_MODES = KERNEL_CHOICES["decode"]
 #: up to this many rows the pair kernel beats cuBLAS BF16 on the H200 (a Qwen3-4B block with its activation
 #: quantization, weights from HBM; the timings are in benchmarks/RESULTS.md, issue #6)
 DECODE_MAX_ROWS = 4
@@ -67,15 +73,28 @@ PAIR_KERNEL_OK = torch.version.hip is None
 
 
 def gemm_mode() -> str:
-    """``options().gemm``: the NVFP4 GEMM formulation (:mod:`minite_kernels.options`)."""
-    return options().gemm
+    """The NVFP4 GEMM formulation where no recipe chooses (the backend used without a plan): the default
+    :class:`KernelChoice`'s unless the options override it."""
+    return resolve_kernels().gemm
 
 
 def decode_mode() -> str:
-    """``options().decode``: ``auto`` runs GEMMs of at most DECODE_MAX_ROWS activation rows on the packed pair
-    kernel (faster than cuBLAS BF16 there, and than the dequantized-weight GEMM it replaces, which reads the
-    16-bit weight copy); ``off`` keeps them on that GEMM."""
-    return options().decode
+    """The decode routing where no recipe chooses: ``auto`` runs GEMMs of at most DECODE_MAX_ROWS activation rows
+    on the packed pair kernel (faster than cuBLAS BF16 there, and than the dequantized-weight GEMM it replaces,
+    which reads the 16-bit weight copy); ``off`` keeps them on that GEMM."""
+    return resolve_kernels().decode
+
+
+class _Shared:
+    """What a backend and its :meth:`TritonBackend.with_kernels` views share: the last round-to-nearest input
+    ``(input, key, quantized)``, the RHT matrices, and the views themselves (one per choice)."""
+
+    __slots__ = ("last", "rht", "views")
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+        self.rht: dict[torch.device, torch.Tensor] = {}
+        self.views: dict[KernelChoice, TritonBackend] = {}
 
 
 _UNIT_AMAX: dict[torch.device, torch.Tensor] = {}
@@ -136,8 +155,25 @@ class TritonBackend(Backend):
         from minite_kernels.backends.emulated import EmulatedBackend
 
         self._fallback = EmulatedBackend(device)
-        self._last: tuple | None = None  # (input, key, quantized) of the last round-to-nearest quantization
-        self._rht: dict[torch.device, torch.Tensor] = {}
+        self._shared = _Shared()
+        #: the bound choice (a view made by :meth:`with_kernels`); None: resolved from the options per call
+        self.kernels: KernelChoice | None = None
+
+    def with_kernels(self, kernels: KernelChoice) -> TritonBackend:
+        """A view of this backend bound to ``kernels`` (one per choice, memoised): same device, fallback and
+        shared state (the shared-input cache, so ``clear_cache`` on either clears both)."""
+        views = self._shared.views
+        view = views.get(kernels)
+        if view is None:
+            view = object.__new__(type(self))
+            view.__dict__.update(self.__dict__)
+            view.kernels = kernels
+            views[kernels] = view
+        return view
+
+    def _kc(self) -> KernelChoice:
+        k = self.kernels
+        return resolve_kernels() if k is None else k
 
     # --- capability ------------------------------------------------------------------------------
     @classmethod
@@ -168,7 +204,7 @@ class TritonBackend(Backend):
         return _supports_quantize(spec)
 
     def supports_gemm(self, a_spec: OperandSpec, b_spec: OperandSpec) -> tuple[bool, str]:
-        return _supports_gemm(a_spec, b_spec, gemm_mode())
+        return _supports_gemm(a_spec, b_spec, self._kc().gemm)
 
     @staticmethod
     def _supports_quantize_uncached(spec: OperandSpec) -> tuple[bool, str]:
@@ -195,9 +231,9 @@ class TritonBackend(Backend):
         here a BF16 GEMM with FP32 accumulation against the cached 16x16 matrix."""
         from minite_kernels.formats import rht_matrix
 
-        r = self._rht.get(x.device)
+        r = self._shared.rht.get(x.device)
         if r is None:
-            r = self._rht[x.device] = rht_matrix(torch.bfloat16, x.device)
+            r = self._shared.rht[x.device] = rht_matrix(torch.bfloat16, x.device)
         if not x.is_cuda:
             from minite_kernels.formats import apply_rht
 
@@ -212,14 +248,15 @@ class TritonBackend(Backend):
                 "using the emulated (pure PyTorch) quantizer for such inputs",
             )
             return self._fallback._quantize(x2d, spec, generator=generator)
-        mode = gemm_mode()
+        kc = self._kc()
         cacheable = not spec.stochastic_rounding
-        key = self._key(x2d, spec, mode) if cacheable else None
-        last = self._last
+        key = self._key(x2d, spec, kc.gemm) if cacheable else None
+        shared = self._shared
+        last = shared.last
         if cacheable and last is not None and last[1] == key:
             return last[2]
-        q = self._quantize_now(x2d, spec, generator, mode)
-        self._last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
+        q = self._quantize_now(x2d, spec, generator, kc)
+        shared.last = (x2d.detach(), key, q) if cacheable else None  # detach: keep no autograd graph alive
         return q
 
     # --- the learner's fast lane (modules/fast_lane.py): what it needs of a backend, by public name -------------
@@ -227,10 +264,11 @@ class TritonBackend(Backend):
         """Whether a dense call on ``x2d`` (BF16, contiguous, checked by the lane) may take the fast lane here:
         the kernels run on its device, the GEMM formulation is ``dequant``, and it is not a decode-sized call
         that the packed pair kernel takes (at most ``DECODE_MAX_ROWS`` rows with decode routing on)."""
+        kc = self._kc()
         return (
             kernel_device_ok(x2d)
-            and gemm_mode() == "dequant"
-            and (x2d.shape[0] > DECODE_MAX_ROWS or decode_mode() == "off")
+            and kc.gemm == "dequant"
+            and (x2d.shape[0] > DECODE_MAX_ROWS or kc.decode == "off")
         )
 
     def dequantized(self, q: QuantizedOperand) -> torch.Tensor:
@@ -242,11 +280,12 @@ class TritonBackend(Backend):
         """``quantize(x2d, spec)`` on the learner's fast lane (``modules/fast_lane.py``), whose plan guarantees
         what the generic path checks per call: a per-token round-to-nearest NVFP4 ``spec`` without RHT, a
         contiguous BF16 input on a kernel device at an even offset, more than ``DECODE_MAX_ROWS`` rows (or
-        decode routing off), K % 16 == 0, K <= 16384 and ``MINITE_TRITON_GEMM=dequant``. Same kernel, same
+        decode routing off), K % 16 == 0, K <= 16384 and the ``dequant`` GEMM formulation. Same kernel, same
         operand (packed bytes, scales, amax, nonfinite and the BF16 ``deq``) and the same shared-input cache
         entry as :meth:`quantize`."""
         key = self._key(x2d, spec, "dequant")
-        last = self._last
+        shared = self._shared
+        last = shared.last
         if last is not None and last[1] == key:
             return last[2]
         out = quantize_token_deq_bf16(x2d)
@@ -264,7 +303,7 @@ class TritonBackend(Backend):
             deq=out.deq,
             qs_transient=True,
         )
-        self._last = (x2d.detach(), key, q)
+        shared.last = (x2d.detach(), key, q)
         return q
 
     # --- grouped weight sync ---------------------------------------------------------------------
@@ -281,11 +320,11 @@ class TritonBackend(Backend):
         return WeightRequantizer(weights, tile16=tile16, write_deq=True, cuda_graph=cuda_graph, amax_from=amax_from)
 
     def clear_cache(self) -> None:
-        """Forget the remembered last input (and its quantized copy)."""
-        self._last = None
+        """Forget the remembered last input (and its quantized copy), for this backend and its views."""
+        self._shared.last = None
 
     @staticmethod
-    def _key(x: torch.Tensor, spec: OperandSpec, mode: str | None = None) -> tuple:
+    def _key(x: torch.Tensor, spec: OperandSpec, mode: str) -> tuple:
         return (
             x.data_ptr(),
             x._version,
@@ -294,11 +333,11 @@ class TritonBackend(Backend):
             x.dtype,
             x.device,
             spec,
-            gemm_mode() if mode is None else mode,
+            mode,
         )
 
     def _quantize_now(
-        self, x2d: torch.Tensor, spec: OperandSpec, generator, mode: str | None = None
+        self, x2d: torch.Tensor, spec: OperandSpec, generator, kc: KernelChoice
     ) -> TritonNVFP4Tensor:
         from minite_kernels import formats
 
@@ -313,8 +352,7 @@ class TritonBackend(Backend):
         if spec.stochastic_rounding:
             rbits = formats.random_bytes((m, k), generator=generator, device=x.device)
         per_token = spec.scaling == "per_token"
-        if mode is None:
-            mode = gemm_mode()
+        mode = kc.gemm
         qs_decode = None
         if (
             per_token
@@ -322,7 +360,7 @@ class TritonBackend(Backend):
             and rbits is None
             and not spec.rht
             and x.stride(1) == 1
-            and decode_mode() == "auto"
+            and kc.decode == "auto"
             and PAIR_KERNEL_OK
         ):  # decode-sized activations: one launch also writes the codes as the pair kernel's words
             out, qs_decode = quantize_for_decode(x)
@@ -367,11 +405,12 @@ class TritonBackend(Backend):
                 "on the emulated backend",
             )
             return self._fallback._gemm(qa, qb, a_spec, b_spec, out_dtype=out_dtype)
-        if _decode_ok(qa, qb):
+        kc = self._kc()
+        if _decode_ok(qa, qb, kc):
             return decode_linear_pairs(
                 qa.qs_decode, qa.scales, qa.amax, qb.data, qb.scales, qb.amax, out_dtype=out_dtype
             )
-        mode = gemm_mode()
+        mode = kc.gemm
         if mode == "dequant" and out_dtype == torch.bfloat16:
             return torch.mm(_dequant_operand(qa), _dequant_operand(qb).t())
         a, sa = _exact_operand(qa)
@@ -381,7 +420,7 @@ class TritonBackend(Backend):
         return scaled_mm_nt(a, b, sa, sb, out_dtype=out_dtype, impl="triton" if fused else "cublas")
 
 
-def _decode_ok(qa, qb) -> bool:
+def _decode_ok(qa, qb, kc: KernelChoice) -> bool:
     """An activation quantized for the pair decode kernel (``qs_decode``: per token, at most
     ``DECODE_MAX_ROWS`` rows, round to nearest, no RHT; see ``quantize``) against a per-tensor NVFP4 weight.
     Decode-sized activations quantized otherwise (stochastic rounding, or by another backend) take the GEMM
@@ -394,7 +433,7 @@ def _decode_ok(qa, qb) -> bool:
         and not qb.rht
         and qb.data.is_contiguous()
         and kernel_device_ok(qb.data)
-        and decode_mode() == "auto"
+        and kc.decode == "auto"
         and PAIR_KERNEL_OK
     )
 

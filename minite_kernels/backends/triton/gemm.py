@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_kernels.options import options
+from minite_kernels.options import resolve_kernels
 
 from ._common import INV_2688_SQ, interpret_mode
 
@@ -169,8 +169,9 @@ def _scale_epilogue_kernel(
 
 
 def gemm_impl() -> str:
-    """``triton`` when ``options().gemm == "exact_fused"``, else ``cublas``."""
-    return "triton" if options().gemm == "exact_fused" else "cublas"
+    """``triton`` where the process-wide GEMM formulation is ``exact_fused``, else ``cublas`` (the backend passes
+    ``impl`` from its plan's choice; this default is for direct calls)."""
+    return "triton" if resolve_kernels().gemm == "exact_fused" else "cublas"
 
 
 def scaled_mm_nt(
