@@ -114,6 +114,9 @@ def test_triage_overrides_compose_and_pass_verl_validation(tmp_path):
     # the learner recipe travels as its fields, which rebuild the very object the driver resolved
     sent = PrecisionRecipe.from_dict(json.loads(env.MINITE_RECIPE))
     assert sent == get_qlinear_params("nvfp4_per_token_w1x16_bf16_bwd")
+    # its kernel choice with it: a worker's linears run the kernels the driver's recipe names
+    exact = sent.with_kernels(gemm="exact", decode="off")
+    assert PrecisionRecipe.from_dict(json.loads(engine.resolved_recipe_fields(json.dumps(exact.to_dict())))) == exact
     assert all(isinstance(v, str) for v in env.values())
     # verl's tracker writes wandb/ into the run directory, as engine=local does, not the working directory
     assert env.WANDB_MODE == "offline" and env.WANDB_DIR == str((tmp_path / "run").resolve())
