@@ -38,14 +38,7 @@ from minite_kernels.backends.triton.decode_kernels import (
     _splitk_finish,
     _store_four_rows,
 )
-from minite_kernels.backends.triton.nvfp4_jit import (
-    FLT_MAX,
-    SIXTH,
-    _e2m1_code_rn,
-    _e2m1_value,
-    _e4m3_rne,
-    _encode_scale,
-)
+from minite_kernels.backends.triton.nvfp4_jit import _block_scale, _e2m1_code_rn, _e2m1_value, _encode_scale
 from minite_kernels.backends.triton.offline import DECODE_COMMON_TYPES
 from minite_kernels.backends.triton.quantize import QuantOut
 
@@ -250,8 +243,7 @@ def _decode_act_quant_kernel(
     amax = tl.where(bad, 0, abits).to(tl.float32, bitcast=True)
     s_enc, s_dec = _encode_scale(amax)
     vmax = tl.where(bad, 0, bmax_bits).to(tl.float32, bitcast=True)
-    s_b, sbyte = _e4m3_rne(tl.minimum(vmax * (s_enc * SIXTH), 448.0))
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    s_b, sbyte, enc = _block_scale(vmax, s_enc, s_dec)
     y = tl.where(bad, 0.0, x) * enc[:, None]
     code = _e2m1_code_rn(tl.abs(y))
     neg = y < 0.0

@@ -302,3 +302,19 @@ def test_silu_mul_quant_kernel_keeps_rows_in_registers(nb):
     ttgir = _ttgir(_silu_mul_deq_kernel, types, {"NB": nb, "WRITE_X": False, "RNE_INT": False}, _warps(nb))
     assert "ttg.convert_layout" not in ttgir
     assert _load_tile_lanes(ttgir)[0] == 32
+
+
+# --- the NVFP4 encode, written once ------------------------------------------------------------------------------
+
+
+def test_every_quantizer_takes_its_block_scales_from_nvfp4_jit():
+    """The block-scale step (s_b, its E4M3 byte, the encode factor) is ``nvfp4_jit._block_scale``: no kernel module
+    rounds a block scale itself (``scripts/quantizer_ptx.py`` showed the merge changed no PTX instruction)."""
+    import inspect
+
+    from minite_kernels.backends.triton import decode_kernels, nvfp4_jit, quantize_bf16, quantize_kernels
+
+    for mod in (quantize_kernels, quantize_bf16, decode_kernels):
+        src = inspect.getsource(mod)
+        assert "_block_scale(" in src and "_e4m3_rne(" not in src, mod.__name__
+    assert "_e4m3_rne(pre)" in inspect.getsource(nvfp4_jit._block_scale.fn)

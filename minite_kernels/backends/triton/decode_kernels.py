@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from ._common import INV_2688_SQ
-from .nvfp4_jit import FLT_MAX, SIXTH, _e2m1_code_rn, _e2m1_value, _e4m3_rne, _encode_scale
+from .nvfp4_jit import _block_scale, _e2m1_code_rn, _e2m1_value, _encode_scale
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
 
@@ -494,8 +494,7 @@ def _pairs_act_quant_kernel(
     vmax = tl.where(bad, 0, tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)).to(
         tl.float32, bitcast=True
     )
-    s_b, sbyte = _e4m3_rne(tl.minimum(vmax * (s_enc * SIXTH), 448.0))
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    _s_b, sbyte, enc = _block_scale(vmax, s_enc, s_dec)
     y = tl.where(bad, 0.0, x) * enc[:, None]
     code = _e2m1_code_rn(tl.abs(y))
     neg = y < 0.0

@@ -4,7 +4,8 @@
 
     S_enc = min(2688 / amax, FLT_MAX), 1 if amax == 0;   S_dec = 1 / S_enc           _encode_scale
     s_b   = e4m3_rne(min(vmax * (S_enc * fl(1/6)), 448))    (value and byte)          _e4m3_rne
-    code  = e2m1_rne(|x| * min(1 / (s_b * S_dec), FLT_MAX))  (0..7, saturating)        _e2m1_code_rn
+    enc   = min(1 / (s_b * S_dec), FLT_MAX)               (with s_b: _block_scale)
+    code  = e2m1_rne(|x| * enc)                            (0..7, saturating)        _e2m1_code_rn
     |q|   = e2m1(code) in {0, .5, 1, 1.5, 2, 3, 4, 6}                                  _e2m1_value
     x̂     = ±|q| * fp32(fp32(s_b * amax) * fl(1/2688))    (TE's order, overflow-safe)  _decode_factor
 
@@ -49,6 +50,17 @@ def _encode_scale(amax):
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
     return s_enc, s_dec
+
+
+@triton.jit
+def _block_scale(vmax, s_enc, s_dec):
+    """(s_b, E4M3 byte, enc) of block maxima ``vmax`` (>= 0, finite: poisoned domains are zeroed first), in the
+    reference's association order; ``enc`` multiplies a block's values onto the E2M1 grid. Every quantizer
+    kernel takes its block scales from here."""
+    pre = tl.minimum(vmax * (s_enc * SIXTH), 448.0)
+    s_b, sbyte = _e4m3_rne(pre)
+    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    return s_b, sbyte, enc
 
 
 @triton.jit

@@ -53,7 +53,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import FLT_MAX, SIXTH, _decode_factor, _e4m3_rne, _encode_scale, _sr_step
+from .nvfp4_jit import _block_scale, _decode_factor, _encode_scale, _sr_step
 
 
 @triton.jit
@@ -130,15 +130,6 @@ def _bf16_bits(v, RNE_INT: tl.constexpr):
         return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
     else:
         return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-
-
-@triton.jit
-def _block_scale(vmax, s_enc, s_dec):
-    """(s_b, E4M3 byte, enc) of block maxima; same association order as the reference."""
-    pre = tl.minimum(vmax * (s_enc * SIXTH), 448.0)
-    s_b, sbyte = _e4m3_rne(pre)
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
-    return s_b, sbyte, enc
 
 
 @triton.jit

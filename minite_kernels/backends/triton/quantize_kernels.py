@@ -39,13 +39,11 @@ import triton
 import triton.language as tl
 
 from .nvfp4_jit import (
-    FLT_MAX,
-    SIXTH,
+    _block_scale,
     _decode_factor,
     _e2m1_code_rn,
     _e2m1_value,
     _e4m3_decode,
-    _e4m3_rne,
     _encode_scale,
     _sr_step,
 )
@@ -74,10 +72,7 @@ def _quantize_tile(
     if TILE16:
         t = tl.max(tl.reshape(vmax, [BLOCK_M // 16, 16, NB]), axis=1)  # [BM/16, NB]
         vmax = tl.reshape(tl.broadcast_to(t[:, None, :], [BLOCK_M // 16, 16, NB]), [BLOCK_M, NB])
-    pre = vmax * (s_enc * SIXTH)
-    pre = tl.minimum(tl.minimum(pre, FLT_MAX), 448.0)
-    s_b, sbyte = _e4m3_rne(pre)
-    enc = tl.minimum(tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec), FLT_MAX)
+    s_b, sbyte, enc = _block_scale(vmax, s_enc, s_dec)
     y = xb * enc[:, :, None]
     y = tl.minimum(tl.maximum(y, -6.0), 6.0)
     a = tl.abs(y)
