@@ -15,8 +15,8 @@ with the kernel choice ``gemm="dequant"`` and ``save_activations="dequantized"``
 operands, the same ``torch.mm`` calls, so outputs and gradients are bit-identical (``tests/.../
 test_fast_lane.py``). What it leaves out is the per-call generality: the plan (:func:`lane_ok`) checks the
 recipe, its resolved kernel choice and the backend once; each call checks only what can change (dtype, layout,
-row count) and otherwise takes the generic path. The lane reaches its backend only through public methods (``LANE_METHODS``),
-so any backend that provides them can carry it.
+row count) and otherwise takes the generic path. The lane reaches its backend only through public methods
+(``LANE_METHODS``), so any backend that provides them can carry it.
 
 Worked example (BF16 values exactly representable in NVFP4): X = [[1, 2] + 14 zeros] quantizes per token to
 X̂ = X (amax 2 → every value is on the E2M1 grid times its scale), W = I₁₆ to Ŵ = W, so Y = X and, with

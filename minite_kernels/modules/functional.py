@@ -28,8 +28,8 @@ optimizer step counts: ``weight_cache.py``; FSDP2 rewrites weights at the same a
 Host overhead. Everything that depends only on the (frozen) recipe and the backend is decided once per
 module and remembered next to its weight cache (:class:`_Plan`: the recipe's kernel choice resolved against the
 debugging options, the backend bound to it, which backend quantizes X and runs each GEMM, which GEMMs are plain
-BF16 matmuls, whether the fast lane applies). A call reads no option: the plan is made again only when the recipe,
-the backend or the active options object is another one. A dense layer (one group) takes
+BF16 matmuls, whether the fast lane applies). A call reads no option field, only which options object is active
+(one identity check): the plan is made again when the recipe, the backend or that object is another one. A dense layer (one group) takes
 :class:`_DenseQLinear`, without per-group slicing; BF16 backward GEMMs are direct ``torch.mm`` calls on the
 same operand layouts the backend's BF16 path uses (identical results). Its calls that the fast lane accepts
 (``fast_lane.py``: the report's recipe on the Triton backend) run the same math with the least host work.

@@ -213,6 +213,13 @@ def test_a_plan_binds_the_recipe_kernels_once_and_reads_no_option_field_per_call
     with use_options(gemm="dequant"):
         other = _plan_for(exact, tb, cache)
         assert other is not plan and other.kernels.gemm == "dequant" and other.lane is not None
+    # the shared-input cache: linears whose choices make the same operand share it, others do not
+    from minite_kernels.recipes import KernelChoice
+
+    x, spec = torch.zeros(8, 64, dtype=torch.bfloat16), exact.fprop.a
+    assert tb._key(x, spec, KernelChoice()) == tb._key(x, spec, KernelChoice(lane="off"))
+    assert tb._key(x, spec, KernelChoice()) != tb._key(x, spec, KernelChoice(decode="off"))
+    assert tb._key(x, spec, KernelChoice()) != tb._key(x, spec, KernelChoice(gemm="exact"))
     auto = AutoBackend("cpu")
     view = auto.with_kernels(plan.kernels)
     assert view is auto.with_kernels(plan.kernels) and view.candidates[0].name == "emulated"

@@ -36,7 +36,7 @@
 Activations shared by several linears (q/k/v projections read the same hidden states, gate/up the same MLP
 input) are quantized once: the last round-to-nearest input is kept (a detached reference, so its memory
 cannot be reused; the version counter is shared with the original) with its storage pointer, version
-counter, shape, strides and spec; any in-place change (the version counter moves) or any other tensor
+counter, shape, strides, spec, GEMM formulation and decode routing; any in-place change (the version counter moves) or any other tensor
 misses. ``clear_cache()`` drops it.
 
 Kernel choice: a linear's plan binds the backend to its recipe's resolved choice once
@@ -250,7 +250,7 @@ class TritonBackend(Backend):
             return self._fallback._quantize(x2d, spec, generator=generator)
         kc = self._kc()
         cacheable = not spec.stochastic_rounding
-        key = self._key(x2d, spec, kc.gemm) if cacheable else None
+        key = self._key(x2d, spec, kc) if cacheable else None
         shared = self._shared
         last = shared.last
         if cacheable and last is not None and last[1] == key:
@@ -283,7 +283,7 @@ class TritonBackend(Backend):
         decode routing off), K % 16 == 0, K <= 16384 and the ``dequant`` GEMM formulation. Same kernel, same
         operand (packed bytes, scales, amax, nonfinite and the BF16 ``deq``) and the same shared-input cache
         entry as :meth:`quantize`."""
-        key = self._key(x2d, spec, "dequant")
+        key = self._key(x2d, spec, self._kc())
         shared = self._shared
         last = shared.last
         if last is not None and last[1] == key:
@@ -324,7 +324,10 @@ class TritonBackend(Backend):
         self._shared.last = None
 
     @staticmethod
-    def _key(x: torch.Tensor, spec: OperandSpec, mode: str) -> tuple:
+    def _key(x: torch.Tensor, spec: OperandSpec, kc: KernelChoice) -> tuple:
+        """The shared-input cache's key: the input's identity and layout, the spec, and the two choices that change
+        the operand a quantization makes (``gemm``: ``deq`` or ``qs``; ``decode``: the pair words of a short input),
+        so linears whose recipes choose alike share it and others do not."""
         return (
             x.data_ptr(),
             x._version,
@@ -333,7 +336,8 @@ class TritonBackend(Backend):
             x.dtype,
             x.device,
             spec,
-            mode,
+            kc.gemm,
+            kc.decode,
         )
 
     def _quantize_now(
