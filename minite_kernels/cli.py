@@ -120,6 +120,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
     print(f"  {r.description}")
     print(f"  forward:  {r.forward_precision}")
     print(f"  backward: {r.backward_precision}")
+    from minite_kernels.options import options, resolve_kernels
+
+    run_as = resolve_kernels(r.kernels)
+    over = f" (run as {run_as.summary()}: overridden by {options().overrides})" if run_as != r.kernels else ""
+    print(f"  kernels:  {r.kernels.summary()}{over}")
     print(f"  requires: {', '.join(r.requires)}")
     k, n = r.feature_alignment()
     print(

@@ -65,6 +65,11 @@ def test_describe_without_torch_and_env_bypass():
     assert "HEAVY_MODULES=\n" in p.stdout
     assert "DISABLE_BACKWARD_QUANT=1 applied" in p.stdout
     assert "per_token" in p.stdout and "activation" in p.stdout
+    assert "  kernels:  default\n" in p.stdout
+    # a debugging override shows what the linears will run instead of the recipe's choice
+    p = _run("describe", "nvfp4_per_token", env={"MINITE_TRITON_GEMM": "exact"})
+    assert p.returncode == 0 and "HEAVY_MODULES=\n" in p.stdout, p.stderr
+    assert "kernels:  default (run as gemm=exact: overridden by {'gemm': 'exact'})" in p.stdout
 
 
 def test_describe_unknown_name_fails_with_closest_match():
