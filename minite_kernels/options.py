@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -137,23 +138,17 @@ def set_env_option(var: str, value: str | None) -> Options:
     return set_options(**{name: FIELDS[name][1][0] if value is None else value.strip().lower()})
 
 
-_RESOLVED: dict[tuple[int, int], tuple[KernelChoice, Options, KernelChoice]] = {}
+@functools.lru_cache(maxsize=256)
+def _resolve(kernels: KernelChoice, opts: Options) -> KernelChoice:
+    over = opts.overrides
+    return dataclasses.replace(kernels, **over) if over else kernels
 
 
 def resolve_kernels(kernels: KernelChoice = DEFAULT_KERNELS, opts: Options | None = None) -> KernelChoice:
-    """``kernels`` (a recipe's choice) with the fields ``opts`` (default: the active options) override.
-    Memoised per (choice, options) object pair, so the common case costs a dict lookup."""
-    opts = options() if opts is None else opts
-    key = (id(kernels), id(opts))
-    hit = _RESOLVED.get(key)
-    if hit is not None and hit[0] is kernels and hit[1] is opts:
-        return hit[2]
-    over = opts.overrides
-    resolved = dataclasses.replace(kernels, **over) if over else kernels
-    if len(_RESOLVED) > 256:  # options objects come and go with use_options blocks
-        _RESOLVED.clear()
-    _RESOLVED[key] = (kernels, opts, resolved)
-    return resolved
+    """``kernels`` (a recipe's choice) with the fields ``opts`` (default: the active options) override; both are
+    frozen, so the result is cached by value. A linear's plan calls this once; the backend used without a plan,
+    per call."""
+    return _resolve(kernels, options() if opts is None else opts)
 
 
 @contextlib.contextmanager

@@ -291,8 +291,7 @@ def _save_inputs(ctx, state: QLinearState, x2d: torch.Tensor, weight: torch.Tens
     ctx.state = state
     ctx.x_dtype = x2d.dtype
     if r.backward_operands == "dequantized_forward" and r.fprop.a.quantized:
-        kernels = state.plan.kernels if state.plan is not None else resolve_kernels(r.kernels)
-        keep_deq = x2d.dtype == torch.bfloat16 and kernels.save_activations == "dequantized"
+        keep_deq = x2d.dtype == torch.bfloat16 and state.plan.kernels.save_activations == "dequantized"
         tensors, rebuilders, counts = [], [], []
         for q in qxs:
             if q is None:

@@ -262,14 +262,10 @@ class TritonBackend(Backend):
     # --- the learner's fast lane (modules/fast_lane.py): what it needs of a backend, by public name -------------
     def lane_accepts(self, x2d: torch.Tensor) -> bool:
         """Whether a dense call on ``x2d`` (BF16, contiguous, checked by the lane) may take the fast lane here:
-        the kernels run on its device, the GEMM formulation is ``dequant``, and it is not a decode-sized call
-        that the packed pair kernel takes (at most ``DECODE_MAX_ROWS`` rows with decode routing on)."""
-        kc = self._kc()
-        return (
-            kernel_device_ok(x2d)
-            and kc.gemm == "dequant"
-            and (x2d.shape[0] > DECODE_MAX_ROWS or kc.decode == "off")
-        )
+        the kernels run on its device and it is not a decode-sized call that the packed pair kernel takes (at most
+        ``DECODE_MAX_ROWS`` rows with decode routing on). The ``dequant`` GEMM formulation, the lane's other
+        condition, is the plan's to check, once (``fast_lane.lane_ok``)."""
+        return kernel_device_ok(x2d) and (x2d.shape[0] > DECODE_MAX_ROWS or self._kc().decode == "off")
 
     def dequantized(self, q: QuantizedOperand) -> torch.Tensor:
         """The BF16 dequantized operand the ``dequant`` GEMM reads, memoized on a Triton operand (the values
