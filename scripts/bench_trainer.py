@@ -354,9 +354,13 @@ def _free(run: dict, dev) -> None:
 
 def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, list]:
     """``--sequential``: per round, each recipe alone on the device (set up, one warm-up step, ``--reps`` timed
-    steps, then the ``--profile`` / ``--host-profile`` steps in the last round, freed). Returns the timed rows
-    per recipe, each recipe's precision, sampler description and profiles from its last round, and the order
-    of every round."""
+    steps, freed). Then, with ``--profile`` / ``--host-profile`` / ``--sync-report``, one more pass: each recipe
+    set up again, one warm-up step, its profiled steps, freed. Returns the timed rows per recipe, each recipe's
+    precision, sampler description and profiles, and the order of every round.
+
+    The profilers run after every timed step because a profiler session slows what the process runs after it
+    (the kernel tracer stays attached): a recipe timed after another one's profiled step would pay for it, the
+    more the more kernels it launches per second of GPU work."""
     from rollout import SamplingParams
 
     rows: dict[str, list] = {recipe: [] for recipe in names}
@@ -373,9 +377,15 @@ def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, l
                 m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed)
                 if k > 0:
                     rows[recipe].append(m)
-            if r == a.rounds - 1:
-                extra = _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=a.rounds * (a.reps + 1))
-                last[recipe] = {**extra, "precision": run["precision"], "sampler": run["sampler"].describe()}
+            last[recipe] = {"precision": run["precision"], "sampler": run["sampler"].describe()}
+            _free(run, dev)
+    if a.profile or a.host_profile or a.sync_report:
+        seed = a.rounds * (a.reps + 1)
+        for recipe in names:
+            run = _setup(recipe, base, tok, dev, a)
+            _activate({recipe: run}, recipe, dev, False)
+            _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed)  # warm-up
+            last[recipe] |= _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=seed + 1)
             _free(run, dev)
     return rows, last, orders
 

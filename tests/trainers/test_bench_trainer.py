@@ -163,6 +163,32 @@ def test_bench_trainer_sequential_rounds(capsys, monkeypatch):
     assert out["ratio"][nv]["step_s"] > 0
 
 
+def test_sequential_profiles_after_every_timed_step(capsys, monkeypatch):
+    """A profiler session slows the steps the process runs after it, so ``--sequential`` runs every profiled step
+    after the last timed one (on a fresh set-up of each recipe, after a warm-up step), never between two recipes'
+    timed steps."""
+    mod = _script(monkeypatch)
+    calls = []
+    real = mod._step
+
+    def logging(run, *args, **kwargs):
+        profiled = len(args) > 5 or kwargs.get("profile") is not None
+        calls.append((run["precision"]["recipe"], "profiled" if profiled else "step"))
+        return real(run, *args, **kwargs)
+
+    monkeypatch.setattr(mod, "_step", logging)
+    assert mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2", "--max-new-tokens",
+                     "2", "--dtype", "float32", "--micro-batch", "4", "--sequential", "--rounds", "2",
+                     "--sync-report"]) == 0
+    nv = "nvfp4_per_token_bf16_bwd"
+    # rounds [bf16, nv], [nv, bf16]: warm-up + 1 timed step each; then per recipe a warm-up and its profiled step
+    assert calls == [("bf16", "step")] * 2 + [(nv, "step")] * 4 + [("bf16", "step")] * 2 + [
+        ("bf16", "step"), ("bf16", "profiled"), (nv, "step"), (nv, "profiled")]
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["results"][nv]["sync_points"]) == {"rollout_s", "update_s", "sync_s"}
+    assert out["results"][nv]["precision"]["patched"] is True
+
+
 def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     """What ``--sequential`` relies on: after a step and ``_free`` no reference keeps a recipe's model alive."""
     import gc
