@@ -36,7 +36,10 @@ Prints one JSON line: per recipe the median seconds of rollout / logprob / updat
 the sampler-vs-learner mean |gap|, plus ``ratio[recipe]`` = the first recipe's seconds / that recipe's seconds
 (> 1: that recipe is faster than the first, by default bf16). ``--profile DIR`` adds one more step with every phase
 under torch.profiler (``scripts/profile_table.py``): GPU time per kernel and the GPU-busy fraction of each
-phase, so a ratio can be traced to the kernels (or the host time) behind it.
+phase, so a ratio can be traced to the kernels (or the host time) behind it. ``--host-profile``,
+``--sync-report`` and ``--alloc-report`` add a step under cProfile, under CUDA's sync debug mode (where the host
+waits) and with the allocator's history recorded (where it calls ``cudaMalloc`` / ``cudaFree``). Profiled steps
+are not timed, and they run after every timed step: a profiler session slows what the process runs after it.
 """
 from __future__ import annotations
 
@@ -122,18 +125,89 @@ def sync_points(device, fn, n: int = 20) -> tuple:
                  "where": [{"at": k, "n": v} for k, v in where.most_common(n)]}
 
 
+#: the caching allocator's device-memory events (``torch.cuda.memory._snapshot``'s trace actions): a segment is
+#: one ``cudaMalloc`` (``segment_alloc``) or ``cudaFree`` (``segment_free``, a device synchronization); ``map`` /
+#: ``unmap`` are their expandable-segments counterparts; ``oom`` a request the device could not serve
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+
+
+def _site(frames: list[dict], depth: int = 3) -> str:
+    """Where a memory event came from: its innermost ``depth`` Python frames outside torch (``file:line``,
+    innermost first; the snapshot lists a stack innermost first), or its innermost frames if all are torch's."""
+    own = [f for f in frames if "/torch/" not in f.get("filename", "")] or frames
+    return " <- ".join(f"{f['filename'].split('site-packages/')[-1].replace(str(REPO) + '/', '')}:{f['line']}"
+                       for f in own[:depth])
+
+
+def segment_sites(trace: list[dict], n: int = 20) -> dict:
+    """Count the allocator's segment events of one device trace: per action the number and MB, and the ``n``
+    costliest (action, call site) pairs by count. New segments in a step that repeats mean requests the cache
+    could not serve; freed ones, that the allocator released cached memory to serve another request.
+
+    >>> segment_sites([{"action": "segment_free", "size": 2 << 20, "frames": [
+    ...     {"filename": "/x/torch/cuda/memory.py", "line": 9}, {"filename": "/x/rollout/a.py", "line": 7}]},
+    ...     {"action": "alloc", "size": 512, "frames": []}])["where"]
+    [{'action': 'segment_free', 'at': '/x/rollout/a.py:7', 'n': 1, 'mb': 2.0}]
+    """
+    from collections import Counter
+
+    totals = {a: {"n": 0, "mb": 0.0} for a in SEGMENT_ACTIONS}
+    count: Counter = Counter()
+    size: Counter = Counter()
+    for ev in trace:
+        action = ev.get("action")
+        if action not in totals:
+            continue
+        mb = ev.get("size", 0) / 2**20
+        totals[action]["n"] += 1
+        totals[action]["mb"] += mb
+        key = (action, _site(ev.get("frames") or []))
+        count[key] += 1
+        size[key] += mb
+    return {"segments": {a: {"n": t["n"], "mb": round(t["mb"], 1)} for a, t in totals.items() if t["n"]},
+            "where": [{"action": a, "at": at, "n": c, "mb": round(size[(a, at)], 1)}
+                      for (a, at), c in count.most_common(n)]}
+
+
+def alloc_points(device, fn, n: int = 20) -> tuple:
+    """(``fn()``, ``{"wall_s", "segments", "where"}``): ``fn`` run with the caching allocator's history recorded
+    (Python stacks of every allocation and free), then :func:`segment_sites` of its segment events: how often and
+    where a phase made the allocator call ``cudaMalloc`` / ``cudaFree``. On a CPU device there is no allocator
+    to ask: ``segments`` is None."""
+    import torch
+
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return out, {"wall_s": time.perf_counter() - t0, "segments": None, "where": []}
+    torch.cuda.synchronize(device)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", device=device,
+                                             clear_history=True)
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
+        snap = torch.cuda.memory._snapshot(device)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return out, {"wall_s": wall} | segment_sites(snap["device_traces"][index], n)
+
+
 def _timed(store: dict, key: str, device, fn, profile: tuple | None = None):
     """Run ``fn`` and store its wall seconds under ``key``; with ``profile = (dir, tag)`` under the profiler,
     its summary under ``store["profile"][key]``; with ``profile = ("host", tag)`` under cProfile, its costliest
     Python functions under ``store["host_profile"][key]``; with ``profile = ("sync", tag)`` with CUDA's sync
-    debug mode on, where the host waited under ``store["sync_points"][key]`` (a profiled step is not a timed
-    one: profilers cost time)."""
+    debug mode on, where the host waited under ``store["sync_points"][key]``; with ``profile = ("alloc", tag)``
+    with the allocator's history recorded, where it called ``cudaMalloc`` / ``cudaFree`` under
+    ``store["alloc_points"][key]`` (a profiled step is not a timed one: profilers cost time)."""
     import torch
 
-    if profile is not None and profile[0] == "sync":
-        out, report = sync_points(device, fn)
+    if profile is not None and profile[0] in ("sync", "alloc"):
+        out, report = (sync_points if profile[0] == "sync" else alloc_points)(device, fn)
         store[key] = report.pop("wall_s")
-        store.setdefault("sync_points", {})[key] = report
+        store.setdefault(f"{profile[0]}_points", {})[key] = report
         return out
     if profile is not None and profile[0] == "host":
         if device.type == "cuda":
@@ -379,7 +453,7 @@ def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, l
                     rows[recipe].append(m)
             last[recipe] = {"precision": run["precision"], "sampler": run["sampler"].describe()}
             _free(run, dev)
-    if a.profile or a.host_profile or a.sync_report:
+    if a.profile or a.host_profile or a.sync_report or a.alloc_report:
         seed = a.rounds * (a.reps + 1)
         for recipe in names:
             run = _setup(recipe, base, tok, dev, a)
@@ -391,19 +465,21 @@ def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, l
 
 
 def _profiled_steps(run, recipe, dev, a, tok, prompts, *, seed_from: int, runs: dict | None = None) -> dict:
-    """With ``--profile`` / ``--host-profile`` / ``--sync-report``, one more step of ``recipe`` under each
-    profiler (not timed): ``{"profile": ..., "host_profile": ..., "sync_points": ...}`` as present."""
+    """With ``--profile`` / ``--host-profile`` / ``--sync-report`` / ``--alloc-report``, one more step of
+    ``recipe`` under each profiler (not timed): ``{"profile": ..., "host_profile": ..., "sync_points": ...,
+    "alloc_points": ...}`` as present."""
     from rollout import SamplingParams
 
     out = {}
     extra = [(a.profile, recipe.replace("/", "-"))] if a.profile else []  # the tag names the kernel-table files
     extra += [("host", recipe)] if a.host_profile else []
     extra += [("sync", recipe)] if a.sync_report else []
+    extra += [("alloc", recipe)] if a.alloc_report else []
     for i, prof in enumerate(extra):
         seed = seed_from + i
         _activate(runs if runs is not None else {recipe: run}, recipe, dev, a.offload_idle and runs is not None)
         m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed, prof)
-        key = {"host": "host_profile", "sync": "sync_points"}.get(prof[0], "profile")
+        key = {"host": "host_profile", "sync": "sync_points", "alloc": "alloc_points"}.get(prof[0], "profile")
         out[key] = m[key]
     return out
 
@@ -453,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-report", action="store_true",
                     help="after the timed steps, one more step with CUDA's sync debug mode on: per phase, how often "
                          "and where (file:line of the Python caller) the host waited for the GPU (sync_points)")
+    ap.add_argument("--alloc-report", action="store_true",
+                    help="after the timed steps, one more step with the allocator's history recorded: per phase, how "
+                         "many device segments it allocated and freed (cudaMalloc / cudaFree) and where (alloc_points)")
     ap.add_argument("--offload-idle", action="store_true",
                     help="keep only the stepping recipe's optimizer state on the GPU, the others' in host memory "
                          "(moved between steps, not timed): two 4B models with their AdamW then fit one 80 GB GPU")

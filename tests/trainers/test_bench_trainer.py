@@ -189,6 +189,64 @@ def test_sequential_profiles_after_every_timed_step(capsys, monkeypatch):
     assert out["results"][nv]["precision"]["patched"] is True
 
 
+def test_segment_sites_counts_the_allocators_segment_events_by_call_site(monkeypatch):
+    """``--alloc-report``'s summary: only segment events count (not the cached allocations), each under its
+    innermost frames outside torch, innermost first; per action the number and MB."""
+    mod = _script(monkeypatch)
+    repo = str(mod.REPO)
+
+    def ev(action, mb, *files):
+        return {"action": action, "size": int(mb * 2**20),
+                "frames": [{"filename": f, "line": line, "name": "f"} for f, line in files]}
+
+    inner = (f"{repo}/rollout/a.py", 7)
+    trace = [
+        ev("alloc", 1, inner),  # served from the cache: not a segment
+        ev("segment_free", 2, ("/v/site-packages/torch/cuda/memory.py", 3), inner, (f"{repo}/scripts/b.py", 1)),
+        ev("segment_free", 4, inner, (f"{repo}/scripts/b.py", 1)),
+        ev("segment_alloc", 20, (f"{repo}/trainers/u.py", 5)),
+        ev("free_completed", 20, (f"{repo}/trainers/u.py", 5)),
+    ]
+    out = mod.segment_sites(trace)
+    assert out["segments"] == {"segment_free": {"n": 2, "mb": 6.0}, "segment_alloc": {"n": 1, "mb": 20.0}}
+    assert out["where"] == [
+        {"action": "segment_free", "at": "rollout/a.py:7 <- scripts/b.py:1", "n": 2, "mb": 6.0},
+        {"action": "segment_alloc", "at": "trainers/u.py:5", "n": 1, "mb": 20.0},
+    ]
+    only_torch = ev("segment_alloc", 2, ("/v/site-packages/torch/nn/x.py", 4))
+    assert mod.segment_sites([only_torch])["where"][0]["at"] == "torch/nn/x.py:4"
+
+
+def test_alloc_report_on_cpu_says_there_is_no_allocator(capsys, monkeypatch):
+    mod = _script(monkeypatch)
+    assert mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--prompts", "2", "--n", "2", "--max-new-tokens",
+                     "2", "--dtype", "float32", "--micro-batch", "4", "--recipes", "bf16", "--alloc-report"]) == 0
+    points = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]["bf16"]["alloc_points"]
+    assert set(points) == {"rollout_s", "update_s", "sync_s"}
+    assert all(p == {"segments": None, "where": []} for p in points.values())
+
+
+@pytest.mark.gpu
+def test_alloc_points_finds_a_new_segment_and_its_call_site(monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    mod = _script(monkeypatch)
+    dev = torch.device("cuda")
+    torch.cuda.empty_cache()
+
+    def grow():
+        return torch.empty(96 << 20, dtype=torch.uint8, device=dev)  # 96 MB: a new segment of its own
+
+    line = grow.__code__.co_firstlineno + 1
+    out, report = mod.alloc_points(dev, grow)
+    assert out.numel() == 96 << 20 and report["wall_s"] > 0
+    assert report["segments"]["segment_alloc"]["n"] >= 1
+    assert report["where"][0]["action"] == "segment_alloc"
+    assert report["where"][0]["at"].startswith(f"tests/trainers/test_bench_trainer.py:{line}")
+
+
 def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
     """What ``--sequential`` relies on: after a step and ``_free`` no reference keeps a recipe's model alive."""
     import gc
