@@ -402,14 +402,23 @@ def _activate(runs: dict, recipe: str, dev, offload: bool) -> None:
         torch.cuda.reset_peak_memory_stats(dev)
 
 
+def _captures(sampler) -> int:
+    """The sampler's CUDA-graph captures so far (0 for a sampler without graphs)."""
+    return getattr(sampler, "stats", {}).get("captures", 0)
+
+
 def _step(run: dict, tok, prompts, params, a, seed: int, profile: tuple | None = None) -> dict:
     from minite_kernels.modules.weight_cache import optimizer_epoch
 
+    before = _captures(run["sampler"])
     out = one_step(run["model"], tok, run["sampler"], prompts, params, run["opt"], micro=a.micro_batch,
                    micro_tokens=a.micro_batch_tokens, patched=run["precision"]["patched"], seed=seed,
                    weight_sync=run["weight_sync"], profile=profile, logprob_micro=a.logprob_micro_batch,
                    old_from_update=run["old_log_prob"] == "auto", select=run["select"])
     run["synced_at"] = optimizer_epoch()  # the step ends with its optimizer step, then its weight sync
+    # a capture in a timed step is set-up work (and torch.cuda.graph empties the allocator's cache, which the
+    # next phases then refill with cudaMalloc): the JSON's ``captures`` counts them, to be 0 with enough warm-up
+    out["captures"] = _captures(run["sampler"]) - before
     return out
 
 
@@ -445,21 +454,22 @@ def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, l
         orders.append(list(order))
         for recipe in order:
             run = _setup(recipe, base, tok, dev, a)
-            for k in range(a.reps + 1):
-                seed = r * (a.reps + 1) + k
+            for k in range(a.warmup + a.reps):
+                seed = r * (a.warmup + a.reps) + k
                 _activate({recipe: run}, recipe, dev, False)
                 m = _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed)
-                if k > 0:
+                if k >= a.warmup:
                     rows[recipe].append(m)
             last[recipe] = {"precision": run["precision"], "sampler": run["sampler"].describe()}
             _free(run, dev)
     if a.profile or a.host_profile or a.sync_report or a.alloc_report:
-        seed = a.rounds * (a.reps + 1)
+        seed = a.rounds * (a.warmup + a.reps)
         for recipe in names:
             run = _setup(recipe, base, tok, dev, a)
             _activate({recipe: run}, recipe, dev, False)
-            _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed), a, seed)  # warm-up
-            last[recipe] |= _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=seed + 1)
+            for k in range(a.warmup):
+                _step(run, tok, prompts, SamplingParams(max_new_tokens=a.max_new_tokens, seed=seed + k), a, seed + k)
+            last[recipe] |= _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=seed + a.warmup)
             _free(run, dev)
     return rows, last, orders
 
@@ -508,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
                          "layout, no wait for the GPU) or device (its rows, padding and response count read back from "
                          "the GPU); both, comma-separated: variants RECIPE/SELECT timed side by side")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps per recipe (per round with --sequential) before the timed ones: the first "
+                         "compiles and captures; the NVFP4 sampler re-captures its decode graph once more after the "
+                         "first weight sync (results' captures counts captures in timed steps)")
     ap.add_argument("--backend", default="auto", help="minite backend for the NVFP4 recipe")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (CPU smoke test)")
@@ -542,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.sequential and a.offload_idle:
         ap.error("--sequential keeps one recipe on the device at a time; --offload-idle is for the interleaved mode")
+    if a.warmup < 1:
+        ap.error(f"--warmup must be >= 1 (the first step of a recipe compiles and captures), got {a.warmup}")
     if a.logprob_micro_batch < 0:
         ap.error(f"--logprob-micro-batch must be >= 0 (0: --micro-batch's micro-batches), got {a.logprob_micro_batch}")
     modes = a.old_log_prob.split(",")
@@ -590,32 +606,35 @@ def main(argv: list[str] | None = None) -> int:
     runs = {recipe: _setup(recipe, base, tok, dev, a, last=i == len(names) - 1) for i, recipe in enumerate(names)}
     rows: dict[str, list] = {recipe: [] for recipe in names}
     orders: list[list[str]] = []
-    # step 0 warms every recipe up (captures, compiles, autotuning); steps 1..reps are timed, interleaved: each
-    # step runs every recipe once, in an order that rotates from step to step, so that a slow patch of the machine
-    # or a position in the process (first or second model on the GPU) does not land on one recipe only
-    for step in range(a.reps + 1):
+    # the first --warmup steps warm every recipe up (captures, compiles, autotuning, the first weight sync's
+    # buffers); the next --reps are timed, interleaved: each step runs every recipe once, in an order that rotates
+    # from step to step, so that a slow patch of the machine or a position in the process (first or second model on
+    # the GPU) does not land on one recipe only
+    for step in range(a.warmup + a.reps):
         params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=step)
-        k = step % len(names)
+        timed = step >= a.warmup
+        k = (step - a.warmup + 1) % len(names) if timed else 0
         order = names[k:] + names[:k]
         for recipe in order:
             _activate(runs, recipe, dev, a.offload_idle)
             m = _step(runs[recipe], tok, prompts, params, a, step)
-            if step > 0:
+            if timed:
                 rows[recipe].append(m)
-        if step > 0:
+        if timed:
             orders.append(order)
     for recipe in names:
         run = runs[recipe]
-        extra = _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=a.reps + 1, runs=runs)
+        extra = _profiled_steps(run, recipe, dev, a, tok, prompts, seed_from=a.warmup + a.reps, runs=runs)
         results[recipe] = _summary(rows[recipe]) | extra | {"precision": run["precision"],
                                                             "sampler": run["sampler"].describe()}
     return _report(a, dev, names, results, orders)
 
 
 def _summary(rows: list[dict]) -> dict:
-    """Medians over a recipe's timed steps (allocator retries summed per phase), and tokens/s from them."""
-    counts = ("alloc_retries", "device_allocs")
+    """Medians over a recipe's timed steps (graph captures and allocator counters summed), and tokens/s."""
+    counts = ("alloc_retries", "device_allocs", "captures")
     med = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key not in counts}
+    med["captures"] = sum(r["captures"] for r in rows)
     if "alloc_retries" in rows[0]:
         med["alloc_retries"] = {p: sum(r["alloc_retries"][p] for r in rows) for p in rows[0]["alloc_retries"]}
         med["device_allocs"] = {p: [sum(r["device_allocs"][p][i] for r in rows) for i in (0, 1)]
@@ -631,7 +650,7 @@ def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype,
            "fp4_weights": a.fp4_weights,
-           "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "reps": a.reps,
+           "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "warmup": a.warmup, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens,
            "logprob_micro_batch": a.logprob_micro_batch or None, "old_log_prob": a.old_log_prob, "select": a.select,
            "torch": torch.__version__,

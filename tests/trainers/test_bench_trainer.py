@@ -138,11 +138,12 @@ def test_a_recipe_resyncs_only_after_another_recipes_optimizer_step(capsys, monk
     argv = ["--device", "cpu", "--tiny", "--reps", "2", "--prompts", "2", "--n", "2", "--max-new-tokens", "2",
             "--dtype", "float32", "--micro-batch", "4"]
     assert mod.main(argv + ["--recipes", "nvfp4_per_token_bf16_bwd"]) == 0
-    assert len(calls) == 3  # its own sync in each of the 3 steps, nothing more
+    assert len(calls) == 4  # its own sync in each of the 4 steps (2 warm-up, 2 timed), nothing more
     calls.clear()
     assert mod.main(argv + ["--recipes", "bf16,nvfp4_per_token_bf16_bwd"]) == 0
-    # orders: [bf16, nvfp4], [nvfp4, bf16], [bf16, nvfp4]: bf16 stepped between nvfp4's steps 2 and 3 only
-    assert len(calls) == 3 + 1
+    # orders: warm-up [bf16, nvfp4] twice, then timed [nvfp4, bf16], [bf16, nvfp4]: bf16 stepped between
+    # nvfp4's steps 1 and 2 and between its steps 3 and 4
+    assert len(calls) == 4 + 2
     capsys.readouterr()
 
 
@@ -181,10 +182,12 @@ def test_sequential_profiles_after_every_timed_step(capsys, monkeypatch):
                      "2", "--dtype", "float32", "--micro-batch", "4", "--sequential", "--rounds", "2",
                      "--sync-report"]) == 0
     nv = "nvfp4_per_token_bf16_bwd"
-    # rounds [bf16, nv], [nv, bf16]: warm-up + 1 timed step each; then per recipe a warm-up and its profiled step
-    assert calls == [("bf16", "step")] * 2 + [(nv, "step")] * 4 + [("bf16", "step")] * 2 + [
-        ("bf16", "step"), ("bf16", "profiled"), (nv, "step"), (nv, "profiled")]
+    # rounds [bf16, nv], [nv, bf16]: 2 warm-up steps (--warmup's default) + 1 timed step each; then per recipe
+    # the warm-up steps again and its profiled step
+    assert calls == [("bf16", "step")] * 3 + [(nv, "step")] * 6 + [("bf16", "step")] * 3 + [
+        ("bf16", "step"), ("bf16", "step"), ("bf16", "profiled"), (nv, "step"), (nv, "step"), (nv, "profiled")]
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["warmup"] == 2 and out["results"][nv]["captures"] == 0  # the CPU sampler captures no graphs
     assert set(out["results"][nv]["sync_points"]) == {"rollout_s", "update_s", "sync_s"}
     assert out["results"][nv]["precision"]["patched"] is True
 
@@ -245,6 +248,29 @@ def test_alloc_points_finds_a_new_segment_and_its_call_site(monkeypatch):
     assert report["segments"]["segment_alloc"]["n"] >= 1
     assert report["where"][0]["action"] == "segment_alloc"
     assert report["where"][0]["at"].startswith(f"tests/trainers/test_bench_trainer.py:{line}")
+
+
+def test_a_step_counts_the_samplers_graph_captures(monkeypatch):
+    """A capture in a timed step is set-up work (and empties the allocator's cache): ``_step`` records how many
+    the step made, and the summary adds them up over the timed steps."""
+    import types
+
+    mod = _script(monkeypatch)
+
+    def one_step(model, tok, sampler, *args, **kwargs):
+        if hasattr(sampler, "stats"):
+            sampler.stats["captures"] += kwargs["seed"]
+        return {"step_s": 1.0, "response_tokens": 4.0, "rollout_s": 0.5}
+
+    monkeypatch.setattr(mod, "one_step", one_step)
+    a = types.SimpleNamespace(micro_batch=1, micro_batch_tokens=0, logprob_micro_batch=0)
+    run = {"model": None, "sampler": types.SimpleNamespace(stats={"captures": 3}), "opt": None,
+           "precision": {"patched": False}, "weight_sync": None, "old_log_prob": "auto", "select": "host"}
+    rows = [mod._step(run, None, [], None, a, seed) for seed in (0, 2, 1)]
+    assert [r["captures"] for r in rows] == [0, 2, 1]
+    assert mod._summary(rows)["captures"] == 3
+    run["sampler"] = types.SimpleNamespace()  # a sampler without graphs
+    assert mod._step(run, None, [], None, a, 5)["captures"] == 0
 
 
 def test_a_freed_recipe_leaves_nothing_behind(monkeypatch):
