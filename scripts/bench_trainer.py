@@ -22,8 +22,9 @@ is negligible next to the forward/backward, and it keeps the benchmark free of v
 machine does not have. The model is a random Qwen3 with Qwen3-0.6B's shapes (28 layers, hidden 1024,
 MLP 3072, 16 query / 8 KV heads of 128, vocab 151,936 as in its config, tied embeddings) in bf16, tokenized with the real
 Qwen3 tokenizer (tests/assets/qwen3_tokenizer); both recipes start from the same weights. EOS is ignored so
-both recipes generate the same number of tokens. Every recipe's model stays in memory: one warm-up step each, then
-``--reps`` timed steps, each running every recipe once in an order that rotates from step to step
+both recipes generate the same number of tokens. Every recipe's model stays in memory: ``--warmup`` untimed
+steps each (default 2), then ``--reps`` timed steps, each running every recipe once in an order that rotates from
+step to step
 (``timed_orders`` in the JSON), so that machine drift and the position in the process fall on all recipes alike;
 medians are reported. With ``--sequential`` only one recipe's model is on the device at a time, as in a trainer
 (at 4B two models and their AdamW leave an 80 GB GPU room for micro-batch 4 only): the base weights wait in host
@@ -436,14 +437,14 @@ def _free(run: dict, dev) -> None:
 
 
 def _sequential_rounds(names, base, tok, dev, prompts, a) -> tuple[dict, dict, list]:
-    """``--sequential``: per round, each recipe alone on the device (set up, one warm-up step, ``--reps`` timed
-    steps, freed). Then, with ``--profile`` / ``--host-profile`` / ``--sync-report``, one more pass: each recipe
-    set up again, one warm-up step, its profiled steps, freed. Returns the timed rows per recipe, each recipe's
-    precision, sampler description and profiles, and the order of every round.
+    """``--sequential``: per round, each recipe alone on the device (set up, ``--warmup`` untimed steps, ``--reps``
+    timed steps, freed). Then, with ``--profile`` / ``--host-profile`` / ``--sync-report`` / ``--alloc-report``,
+    one more pass: each recipe set up again, its warm-up steps, its profiled steps, freed. Returns the timed rows
+    per recipe, each recipe's precision, sampler description and profiles, and the order of every round.
 
-    The profilers run after every timed step because a profiler session slows what the process runs after it
-    (the kernel tracer stays attached): a recipe timed after another one's profiled step would pay for it, the
-    more the more kernels it launches per second of GPU work."""
+    The profilers run after every timed step because a profiler session slows what the process runs after it: on
+    an H100 a recipe timed after another one's profiled step ran its update 8-29% slower (``benchmarks/RESULTS.md``,
+    2026-12-07 07:57)."""
     from rollout import SamplingParams
 
     rows: dict[str, list] = {recipe: [] for recipe in names}
