@@ -166,8 +166,8 @@ def test_bench_trainer_sequential_rounds(capsys, monkeypatch):
 
 def test_sequential_profiles_after_every_timed_step(capsys, monkeypatch):
     """A profiler session slows the steps the process runs after it, so ``--sequential`` runs every profiled step
-    after the last timed one (on a fresh set-up of each recipe, after a warm-up step), never between two recipes'
-    timed steps."""
+    after the last timed one (on a fresh set-up of each recipe, after its warm-up steps), never between two
+    recipes' timed steps."""
     mod = _script(monkeypatch)
     calls = []
     real = mod._step
@@ -231,6 +231,8 @@ def test_alloc_report_on_cpu_says_there_is_no_allocator(capsys, monkeypatch):
 
 @pytest.mark.gpu
 def test_alloc_points_finds_a_new_segment_and_its_call_site(monkeypatch):
+    """On CUDA: an allocation the emptied cache cannot serve is a new segment, reported at the line that made it
+    (which also checks that the snapshot lists a stack innermost first)."""
     import torch
 
     if not torch.cuda.is_available():
