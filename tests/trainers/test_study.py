@@ -400,3 +400,55 @@ def test_parallel_is_capped_at_what_the_gpu_holds(tmp_path):
     assert run_parallel(load_study(_write(tmp_path, no_cap + "train: {model.device: cuda}\n")), total_gb=10.0) == 16
     with pytest.raises(StudyError, match="gpu_gb_per_run must be a number >= 0"):
         load_study(_write(tmp_path, body.replace("19", "-1")))
+
+
+def _recorded_run(cfg, arm: str, seed: int, common: dict[int, float]) -> None:
+    """A finished run of ``arm`` as the study records it: its config, one metrics row, evals at BF16."""
+    from trainers.config import load_config, to_yaml
+
+    run = cfg.run_dir(arm, seed)
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(load_config(study.train_args(cfg, arm, seed))))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "reward/mean": 0.0}) + "\n")
+    for step, acc in common.items():
+        d = run / "eval@bf16" / f"step_{step:06d}"
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"tasks": {"a": {"mean": acc + 0.01 * seed}}}))
+
+
+def test_an_arm_borrowed_from_another_study_is_read_not_run(tmp_path, monkeypatch):
+    """``borrow``: the arm's recorded runs in another study's directory enter the table and the contrasts, the
+    runner trains only the study's own arms, and runs trained with other settings are refused up front."""
+    other = _write(tmp_path, f"name: h\noutput_dir: {tmp_path / 'h'}\narms: [rollout_nvfp4]\nseeds: [0, 1]\n"
+                             "train: {trainer.max_steps: 10}\neval: {every: 5, precision: bf16, limit: 4}\n")
+    hcfg = load_study(other)
+    for seed in hcfg.seeds:
+        _recorded_run(hcfg, "rollout_nvfp4", seed, {5: 0.3, 10: 0.5})
+    (tmp_path / "t").mkdir()
+    body = (f"name: t\noutput_dir: {tmp_path / 'o'}\narms: [tis_rollout_nvfp4]\nseeds: [0, 1]\n"
+            f"borrow: {{rollout_nvfp4: {tmp_path / 'h'}}}\nbaseline: rollout_nvfp4\n"
+            "train: {trainer.max_steps: 10}\neval: {every: 5, precision: bf16, limit: 4}\n")
+    cfg = load_study(_write(tmp_path / "t", body))
+    assert cfg.compared_arms == ("tis_rollout_nvfp4", "rollout_nvfp4")
+    assert cfg.run_dir("rollout_nvfp4", 1) == tmp_path / "h" / "rollout_nvfp4" / "seed1"
+    for seed in cfg.seeds:
+        _recorded_run(cfg, "tis_rollout_nvfp4", seed, {5: 0.4, 10: 0.6})
+    s = summarize(cfg, {"tis_rollout_nvfp4": 10})  # the borrowed arm's steps come from the study itself
+    assert s["arms"]["rollout_nvfp4"]["seeds"] == 2
+    p = s["paired"][0]
+    assert (p["arm"], p["against"]) == ("tis_rollout_nvfp4", "rollout_nvfp4")
+    assert p["common"]["auc"]["diff"] == pytest.approx(0.1) and p["common"]["seeds"] == [0, 1]
+    assert f"`rollout_nvfp4` is the recorded runs of `{tmp_path / 'h'}`" in table(s)
+    # the runner trains the study's own arm only (every run is complete here, so it trains nothing)
+    started = []
+    monkeypatch.setattr(study.runner, "_run_all", lambda jobs, *a, **k: started.extend(j[0] for j in jobs) or {})
+    run_study(cfg, say=lambda *_: None)
+    assert not [j for j in started if not j.startswith("eval step0")]
+    # a borrowed run trained with another setting is refused, naming it
+    with pytest.raises(StudyError, match=r"seed0 ran with rollout.n=4, this study gives rollout.n=8"):
+        load_study(_write(tmp_path / "t", body.replace("trainer.max_steps: 10", "trainer.max_steps: 10, rollout.n: 8")))
+    with pytest.raises(StudyError, match="must be a training recipe that is not one of the arms"):
+        load_study(_write(tmp_path / "t", body.replace("arms: [tis_rollout_nvfp4]", "arms: [rollout_nvfp4]")
+                          .replace("baseline: rollout_nvfp4\n", "")))
+    with pytest.raises(StudyError, match="has no runs under"):
+        load_study(_write(tmp_path / "t", body.replace(str(tmp_path / "h"), str(tmp_path / "nowhere"))))

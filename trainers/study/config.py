@@ -52,13 +52,22 @@ class StudyConfig:
     baseline: str | None = None
     # more contrasts paired by seed (trainers/paired.py), each [arm, against]: e.g. [nvfp4, strict_nvfp4]
     pairs: tuple[tuple[str, str], ...] = ()
+    # arms read from another study's recorded runs instead of run again, each (arm, that study's directory): the
+    # runs must have been trained with the settings this study gives the arm (:func:`check_borrowed`)
+    borrow: tuple[tuple[str, str], ...] = ()
 
     @property
     def root(self) -> pathlib.Path:
         return pathlib.Path(self.output_dir)
 
+    @property
+    def compared_arms(self) -> tuple[str, ...]:
+        """The arms the study trains, then those it borrows: every arm its tables and contrasts read."""
+        return self.arms + tuple(arm for arm, _ in self.borrow)
+
     def run_dir(self, arm: str, seed: int) -> pathlib.Path:
-        return self.root / arm / f"seed{seed}"
+        lent = dict(self.borrow).get(arm)
+        return (self.root if lent is None else pathlib.Path(lent)) / arm / f"seed{seed}"
 
 
 def load_study(path: str | os.PathLike, overrides: list[str] = ()) -> StudyConfig:
@@ -151,26 +160,65 @@ def _build(tree: dict, p: pathlib.Path) -> StudyConfig:
     window = tree.get("window", 10)
     if not isinstance(window, int) or window < 1:
         raise StudyError(f"{p}: window must be an integer >= 1, got {window!r}")
+    borrow = tree.get("borrow") or {}
+    if not isinstance(borrow, dict) or not all(isinstance(v, str) for v in borrow.values()):
+        raise StudyError(f"{p}: borrow must map arms to the directory of a recorded study "
+                         f"(e.g. {{rollout_nvfp4: benchmarks/learning/study_headroom}}), got {borrow!r}")
+    for arm, where in borrow.items():
+        if arm not in recipes or arm in arms:
+            raise StudyError(f"{p}: borrow: {arm!r} must be a training recipe that is not one of the arms "
+                             f"({', '.join(arms)}); valid: {', '.join(r for r in recipes if r not in arms)}")
+        if not (pathlib.Path(where) / arm).is_dir():
+            raise StudyError(f"{p}: borrow: {arm} has no runs under {where!r} ({where}/{arm}/ does not exist)")
+    compared = [*arms, *borrow]
     baseline = tree.get("baseline")
-    if baseline is not None and baseline not in arms:
+    if baseline is not None and baseline not in compared:
         from minite_util.choices import did_you_mean
 
-        raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(arms)}"
-                         f"{did_you_mean(str(baseline), arms)}")
+        raise StudyError(f"{p}: baseline {baseline!r} is not one of the arms; valid: {', '.join(compared)}"
+                         f"{did_you_mean(str(baseline), compared)}")
     pairs = tree.get("pairs") or []
     if not isinstance(pairs, list) or not all(isinstance(x, list) and len(x) == 2 and x[0] != x[1] for x in pairs):
         raise StudyError(f"{p}: pairs must be a list of [arm, against] pairs of two different arms, got {pairs!r}")
-    bad = sorted({a for x in pairs for a in x if a not in arms})
+    bad = sorted({a for x in pairs for a in x if a not in compared})
     if bad:
-        raise StudyError(f"{p}: pairs name {bad}, not arms of this study; valid: {', '.join(arms)} "
+        raise StudyError(f"{p}: pairs name {bad}, not arms of this study; valid: {', '.join(compared)} "
                          "(to run a subset of the arms, also override pairs=[])")
     cfg = StudyConfig(name=str(tree["name"]), output_dir=str(tree["output_dir"]), arms=tuple(arms),
                       seeds=tuple(seeds), parallel=parallel, gpu_gb_per_run=float(gpu_gb), train=train,
                       eval=eval_spec,
                       steps_at=tuple(int(s) for s in steps_at), window=window, baseline=baseline,
-                      pairs=tuple((str(a), str(b)) for a, b in pairs))
+                      pairs=tuple((str(a), str(b)) for a, b in pairs),
+                      borrow=tuple((str(a), str(w)) for a, w in borrow.items()))
     _check_train_overrides(cfg, p)
+    check_borrowed(cfg, p)
     return cfg
+
+
+#: run settings a borrowed run may differ in: where it ran and with how many CPU threads
+_NOT_COMPARED = ("trainer.output_dir", "trainer.cpu_threads")
+
+
+def check_borrowed(cfg: StudyConfig, p: pathlib.Path | str = "study") -> None:
+    """Every recorded run of a borrowed arm (its ``config.yaml``) against the trainer config this study would give
+    that arm and seed: a setting both name must be equal (the run's directory and CPU threads aside). Settings
+    only one side names (keys the trainer gained or lost since the run) are not compared."""
+    from omegaconf import OmegaConf
+
+    from trainers.config import flatten, load_config, to_container
+
+    for arm, where in cfg.borrow:
+        for seed in cfg.seeds:
+            recorded = cfg.run_dir(arm, seed) / "config.yaml"
+            if not recorded.is_file():
+                continue
+            was = flatten(OmegaConf.to_container(OmegaConf.load(recorded)))
+            now = flatten(to_container(load_config(train_args(cfg, arm, seed))))
+            differ = sorted(k for k in set(was) & set(now) if k not in _NOT_COMPARED and was[k] != now[k])
+            if differ:
+                k = differ[0]
+                raise StudyError(f"{p}: borrow: {where}/{arm}/seed{seed} ran with {k}={was[k]!r}, this study gives "
+                                 f"{k}={now[k]!r} ({len(differ)} setting(s) differ: {', '.join(differ[:5])})")
 
 
 def _check_train_overrides(cfg: StudyConfig, p: pathlib.Path) -> None:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from trainers.provenance import read_code
-from trainers.study.config import StudyConfig, _config_dict
+from trainers.study.config import StudyConfig, _config_dict, max_steps
 from trainers.study.evals import step0_args
 
 #: metrics averaged over every step of a run for the table (key in metrics.jsonl -> column)
@@ -147,10 +147,13 @@ def _agg(values: list) -> dict | None:
 
 
 def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
-    runs = [run_record(cfg, arm, seed, steps[arm]) for arm in cfg.arms for seed in cfg.seeds]
+    """Every run of the study's arms and of those it borrows (``steps``: each arm's planned steps; a borrowed arm
+    missing there takes this study's setting for it)."""
+    steps = {arm: steps[arm] if arm in steps else max_steps(cfg, arm) for arm in cfg.compared_arms}
+    runs = [run_record(cfg, arm, seed, steps[arm]) for arm in cfg.compared_arms for seed in cfg.seeds]
     cols = ["final_reward", "eval_accuracy", "step_s", "gpu_reserved_gb", *STEP_MEANS.values()]
     arms = {}
-    for arm in cfg.arms:
+    for arm in cfg.compared_arms:
         planned = [r for r in runs if r["recipe"] == arm]
         mine = [r for r in planned if r["steps"] > 0]  # seeds not run (yet) do not enter the statistics
         keys = ["steps"] + [f"reward@{k}" for k in steps_at(cfg, steps[arm])] + cols
@@ -168,7 +171,7 @@ def summarize(cfg: StudyConfig, steps: dict[str, int]) -> dict:
            "code": code_versions(runs), "date": time.strftime("%Y-%m-%d")}
     if cfg.baseline is not None:
         out["vs_baseline"] = {"baseline": cfg.baseline, "arms": comparisons(cfg, runs)}
-    contrasts = [(a, cfg.baseline) for a in cfg.arms if cfg.baseline is not None and a != cfg.baseline]
+    contrasts = [(a, cfg.baseline) for a in cfg.compared_arms if cfg.baseline is not None and a != cfg.baseline]
     contrasts += [c for c in cfg.pairs if c not in contrasts]
     if contrasts:
         out["paired"] = paired_comparisons(runs, arms, contrasts)
@@ -224,7 +227,7 @@ def comparisons(cfg: StudyConfig, runs: list[dict]) -> dict:
 
     base = values(cfg.baseline)
     out = {}
-    for arm in cfg.arms:
+    for arm in cfg.compared_arms:
         if arm == cfg.baseline:
             continue
         mine = values(arm)

@@ -153,7 +153,7 @@ def run_study(cfg: StudyConfig, *, say=print, train_seconds: float | None = None
         if args is not None:
             ev_jobs.append((f"eval {arm}/seed{seed}", [sys.executable, "-m", "eval", "run", *args],
                             cfg.root / "logs" / f"{arm}-seed{seed}.eval.log"))
-    for arm in cfg.arms:
+    for arm in cfg.compared_arms:  # a borrowed arm's step 0 too: its runs are read against it
         for common in (False, True):  # under the arm's own precision, and under eval.precision
             base = step0_args(cfg, arm, common)
             name = None if base is None else f"eval step0 {base[0].name}"

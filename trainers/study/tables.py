@@ -64,6 +64,11 @@ def table(summary: dict) -> str:
                  "runs: the table below compares them at equal steps). "
                  "δ, gated tokens, gate grad shift (share of gradient weight the gate moves between tokens) and "
                  "repair loss: means over all steps; step s: median step time.")
+    borrowed = summary["config"].get("borrow") or []
+    if borrowed:
+        lines.append("\nBorrowed, not run by this study: " + "; ".join(
+            f"`{arm}` is the recorded runs of `{where}` (the same trainer settings, checked run by run)"
+            for arm, where in borrowed) + ".")
     if summary.get("code"):
         lines.append(code_line(summary["code"]))
     # with one checkpoint step and no baseline, the held-out column above already compares at equal steps
@@ -160,7 +165,8 @@ def write_outputs(cfg: StudyConfig, summary: dict) -> None:
 
     atomic_write_text(cfg.root / "summary.json", json.dumps(_clean(summary), indent=1) + "\n")
     atomic_write_text(cfg.root / "table.md", f"# Study `{cfg.name}`\n\n" + table(summary))
-    groups = {arm: [cfg.run_dir(arm, s) for s in cfg.seeds if read_metrics(cfg.run_dir(arm, s))] for arm in cfg.arms}
+    groups = {arm: [cfg.run_dir(arm, s) for s in cfg.seeds if read_metrics(cfg.run_dir(arm, s))]
+              for arm in cfg.compared_arms}
     groups = {k: v for k, v in groups.items() if v}
     if groups:
         plot_groups(groups, cfg.root / "reward.png", cfg.window, title=f"{cfg.name}: reward", panels=1)
