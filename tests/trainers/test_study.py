@@ -335,8 +335,8 @@ def test_a_failed_run_is_reported_with_its_error_line(tmp_path):
     import sys
 
     said = []
-    cmd = [sys.executable, "-c", "import sys; print('warming up'); print('error: model.device=cuda, no GPU'); "
-                                 "sys.exit(3)"]
+    cmd = [sys.executable, "-c", ("import sys; print('warming up'); print('error: model.device=cuda, no GPU'); "
+                                  "sys.exit(3)")]
     status = study._run_all([("arm/seed0", cmd, tmp_path / "logs" / "a.log")], 1, said.append)
     assert status == {"arm/seed0": 3}
     assert any(m.startswith("FAILED (exit 3) arm/seed0 in ") and m.endswith(": error: model.device=cuda, no GPU")
