@@ -201,7 +201,30 @@ def test_host_facts_give_the_same_bits(tiny_model, arch, lens):
         want = create_causal_mask(config=model.config, input_embeds=emb, attention_mask=b.attention_mask,
                                   cache_position=pos, past_key_values=None, position_ids=pos[None])
     got = causal_mask(model, b.attention_mask, b.padded())
+    if isinstance(got, dict):  # the ready-made mapping Qwen3's forward takes
+        assert arch == "qwen3" and set(got) == {"full_attention"}
+        got = got["full_attention"]
     assert (got is None and want is None) or torch.equal(got, want)
+
+
+@pytest.mark.parametrize("lens", [((4, 4), (3, 3)), ((3, 5, 1), (4, 0, 6))])
+def test_host_facts_spare_qwen3_its_mask_checks(tiny_model, monkeypatch, lens):
+    """With the host facts a Qwen3 forward makes no mask of its own, padded or not: transformers' mask builder,
+    which checks an unpadded batch's position ids for packed sequences by reading them back, is never called.
+    Without the facts it is (the check this replaces)."""
+    import transformers.models.qwen3.modeling_qwen3 as mq
+
+    model = tiny_model[0]
+    b = _facts_batch(tiny_model[1], *lens, vocab=96)
+    calls = []
+    real = mq.create_causal_mask
+    monkeypatch.setattr(mq, "create_causal_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, prompt_len=b.prompt_len,
+                          response_tokens=b.num_tokens, padded=b.padded())
+        assert not calls
+        response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, prompt_len=b.prompt_len)
+    assert calls == [1]
 
 
 def test_other_models_keep_their_mask(tiny_model):
@@ -221,9 +244,11 @@ def test_other_models_keep_their_mask(tiny_model):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
-def test_gpu_host_facts_give_the_same_bits(kernel, qwen3_tokenizer_dir):
+@pytest.mark.parametrize("lens", [((3, 9, 1, 6), (4, 0, 12, 7)), ((5, 5, 5), (6, 6, 6))])
+def test_gpu_host_facts_give_the_same_bits(kernel, lens, qwen3_tokenizer_dir):
     """On CUDA in BF16 (sdpa's GPU kernels; ``auto``: the fused Triton log-prob kernel): the same bits with the
-    host facts as without, and no read-back before the loss with them."""
+    host facts as without, and no read-back before the loss with them, for a padded batch and an unpadded one
+    (where transformers would check the position ids for packed sequences)."""
     import copy
     import warnings
 
@@ -231,7 +256,7 @@ def test_gpu_host_facts_give_the_same_bits(kernel, qwen3_tokenizer_dir):
 
     model, tok = tiny_random_qwen3(qwen3_tokenizer_dir, seed=0)
     model = copy.deepcopy(model).to("cuda", torch.bfloat16)
-    b = _facts_batch(tok, (3, 9, 1, 6), (4, 0, 12, 7), vocab=2000)
+    b = _facts_batch(tok, *lens, vocab=2000)
     b = type(b)(*(t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask, b.sampler_logp)), b.prompt_len,
                 b.row_layout)
     outs = []

@@ -24,7 +24,9 @@ the pass reads nothing back from the GPU before its loss. It then gathers the re
 count instead of a boolean mask, and for the decoders in ``CAUSAL_MASK_MODELS`` on sdpa it makes the mask
 transformers would make (None where nothing is padded, so sdpa's ``is_causal``; else the boolean [B, 1, S, S]
 ``key <= query and attention_mask[b, key]``) instead of letting transformers check the mask for padding on the
-device. Same operands, same kernels, so the same bits (``tests/trainers/test_logprobs.py``); without the facts,
+device; a None mask goes to the ``MASK_MAPPING_MODELS`` as the mapping their forward takes ready-made, since given
+None they would check the position ids for packed sequences on the device instead (Llama, whose forward always
+makes its mask, still does that once per forward of an unpadded batch). Same operands, same kernels, so the same bits (``tests/trainers/test_logprobs.py``); without the facts,
 each of these asks the GPU once.
 """
 from __future__ import annotations
@@ -42,6 +44,11 @@ from rollout.sampling import process_logits
 #: transformers model types whose layers all attend through the one causal mask ``create_causal_mask`` makes
 #: (with no sliding-window layer: ``causal_mask`` checks ``config.layer_types``)
 CAUSAL_MASK_MODELS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+#: of those, the ones whose forward also takes the mask already made, as the mapping ``{layer type: mask}`` it
+#: would build itself (transformers' path for masks ``generate`` prepared), and then makes none: only that way
+#: does an unpadded batch skip transformers' packed-sequence check of the position ids, which reads the device
+#: back (``masking_utils.find_packed_sequence_indices``) when the mask is None
+MASK_MAPPING_MODELS = ("qwen2", "qwen3")
 #: tokens per chunk of the fused kernel: one chunk x V BF16 logits block at a time (2048 x 151,936: 0.6 GB)
 FUSED_CHUNK = 2048
 KERNELS = ("auto", "torch")
@@ -76,19 +83,20 @@ def _fused(lm_head, h: torch.Tensor, temperature: float, softcap):
     return logprobs_and_entropy if kernel_device_ok(h) else None
 
 
-def causal_mask(model, attention_mask: torch.Tensor, padded: bool) -> torch.Tensor | None:
+def causal_mask(model, attention_mask: torch.Tensor, padded: bool) -> torch.Tensor | dict | None:
     """The attention mask to hand ``model``: for a ``CAUSAL_MASK_MODELS`` decoder on sdpa, what transformers'
     ``create_causal_mask`` would make of ``attention_mask`` (``padded``: whether it has a 0), made without reading
-    it back; for any other model ``attention_mask`` itself."""
+    it back (for ``MASK_MAPPING_MODELS`` as the mapping ``{"full_attention": mask}``, so that the model makes no
+    mask and checks nothing); for any other model ``attention_mask`` itself."""
     conf = model.config
     if (conf.model_type not in CAUSAL_MASK_MODELS or getattr(conf, "_attn_implementation", None) != "sdpa"
             or "sliding_attention" in (getattr(conf, "layer_types", None) or ())):
         return attention_mask
-    if not padded:
-        return None  # sdpa's is_causal, as transformers chooses for a mask without padding
-    S = attention_mask.shape[1]
-    pos = torch.arange(S, device=attention_mask.device)
-    return (pos[None, None, None, :] <= pos[None, None, :, None]) & attention_mask.bool()[:, None, None, :]
+    mask = None  # sdpa's is_causal, as transformers chooses for a mask without padding
+    if padded:
+        pos = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        mask = (pos[None, None, None, :] <= pos[None, None, :, None]) & attention_mask.bool()[:, None, None, :]
+    return {"full_attention": mask} if conf.model_type in MASK_MAPPING_MODELS else mask
 
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
