@@ -452,3 +452,14 @@ def test_an_arm_borrowed_from_another_study_is_read_not_run(tmp_path, monkeypatc
                           .replace("baseline: rollout_nvfp4\n", "")))
     with pytest.raises(StudyError, match="has no runs under"):
         load_study(_write(tmp_path / "t", body.replace(str(tmp_path / "h"), str(tmp_path / "nowhere"))))
+
+
+def test_a_p_value_below_what_the_flips_resolve_is_not_printed_as_zero():
+    """10,000 random sign flips give p >= 1/10,001: the paired table says "<0.001" there, not 0.000."""
+    from trainers.study.tables import paired_table
+
+    stats = {"arm": 0.5, "base": 0.7, "diff": -0.2, "ci": [-0.25, -0.15], "p": 1 / 10_001, "dz": -1.5, "n": 20,
+             "seeds_for_80": 6}
+    row = paired_table([{"arm": "a", "against": "b", "common": {"seeds": list(range(20)), "steps": [0, 5],
+                                                                 "auc": stats, "last": dict(stats, p=0.0242)}}])[-1]
+    assert "| -0.200 [-0.250, -0.150] | <0.001 | -1.50 | 6 |" in row and row.endswith("| 0.024 |")

@@ -105,6 +105,12 @@ def by_step_table(arms: dict, key: str, step0_key: str, title: str) -> list[str]
     return lines
 
 
+def _p(p: float) -> str:
+    """A sign-flip p-value to three places; below 0.001 (10,000 random flips resolve down to 1e-4) as "<0.001",
+    not as a 0 the test cannot give."""
+    return f"{p:.3f}" if p >= 0.001 else "<0.001"
+
+
 def paired_table(paired: list[dict]) -> list[str]:
     """The "paired by seed" section of table.md (``trainers.paired``): one row per contrast and eval precision."""
     from trainers.paired import LEVEL
@@ -127,9 +133,9 @@ def paired_table(paired: list[dict]) -> list[str]:
         a, last = r["auc"], r["last"]
         need = "-" if a["seeds_for_80"] is None else str(a["seeds_for_80"])
         lines.append(f"| {arm} | {base} | {name} | {len(r['seeds'])} | {','.join(map(str, r['steps']))} | "
-                     f"{a['arm']:.3f} | {a['base']:.3f} | {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | {a['p']:.3f} | "
+                     f"{a['arm']:.3f} | {a['base']:.3f} | {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | {_p(a['p'])} | "
                      f"{a['dz']:+.2f} | {need} | {last['diff']:+.3f} [{last['ci'][0]:+.3f}, {last['ci'][1]:+.3f}] | "
-                     f"{last['p']:.3f} |")
+                     f"{_p(last['p'])} |")
     return lines
 
 
