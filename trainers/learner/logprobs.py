@@ -24,10 +24,10 @@ the pass reads nothing back from the GPU before its loss. It then gathers the re
 count instead of a boolean mask, and for the decoders in ``CAUSAL_MASK_MODELS`` on sdpa it makes the mask
 transformers would make (None where nothing is padded, so sdpa's ``is_causal``; else the boolean [B, 1, S, S]
 ``key <= query and attention_mask[b, key]``) instead of letting transformers check the mask for padding on the
-device; a None mask goes to the ``MASK_MAPPING_MODELS`` as the mapping their forward takes ready-made, since given
-None they would check the position ids for packed sequences on the device instead (Llama, whose forward always
-makes its mask, still does that once per forward of an unpadded batch). Same operands, same kernels, so the same bits (``tests/trainers/test_logprobs.py``); without the facts,
-each of these asks the GPU once.
+device. The ``MASK_MAPPING_MODELS`` get it as the mapping their forward takes ready-made, since given None they
+would check the position ids for packed sequences on the device instead (Llama, whose forward always makes its
+mask, still does that once per forward of an unpadded batch). Same operands, same kernels, so the same bits
+(``tests/trainers/test_logprobs.py``); without the facts, each of these asks the GPU once.
 """
 from __future__ import annotations
 
