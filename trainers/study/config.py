@@ -203,17 +203,19 @@ def check_borrowed(cfg: StudyConfig, p: pathlib.Path | str = "study") -> None:
     """Every recorded run of a borrowed arm (its ``config.yaml``) against the trainer config this study would give
     that arm and seed: a setting both name must be equal (the run's directory and CPU threads aside). Settings
     only one side names (keys the trainer gained or lost since the run) are not compared."""
-    from omegaconf import OmegaConf
+    import yaml
 
     from trainers.config import flatten, load_config, to_container
 
     for arm, where in cfg.borrow:
+        # the config of seed s differs from seed 0's only in trainer.seed (and the directory): built once per arm
+        base = flatten(to_container(load_config(train_args(cfg, arm, cfg.seeds[0]))))
         for seed in cfg.seeds:
             recorded = cfg.run_dir(arm, seed) / "config.yaml"
             if not recorded.is_file():
                 continue
-            was = flatten(OmegaConf.to_container(OmegaConf.load(recorded)))
-            now = flatten(to_container(load_config(train_args(cfg, arm, seed))))
+            was = flatten(yaml.load(recorded.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+            now = base | {"trainer.seed": seed}
             differ = sorted(k for k in set(was) & set(now) if k not in _NOT_COMPARED and was[k] != now[k])
             if differ:
                 k = differ[0]
