@@ -5,6 +5,8 @@ it lazily, only when a CUDA device is present. Kernels, one concern per module:
 
 - ``nvfp4_jit``    the NVFP4 encoding as device functions (scale, E4M3, E2M1 codes, decode factor), used by
                    every kernel that writes or reads NVFP4 bytes
+- ``pdl_jit``      programmatic dependent launch as device functions (grid dependency control, L2 bulk
+                   prefetch), used by the decode step's kernels (``decode_kernels``, ``fp4w``, ``norm_quant``)
 - ``quantize``     fused NVFP4 quantize (per-tensor / per-token, 1x16 / 16x16, RN / SR) + dequantize: the
                    launchers; ``quantize_kernels`` holds the generic kernels and their math
 - ``quantize_bf16`` its BF16 fast path (words of two BF16 values) and the grouped weight kernels

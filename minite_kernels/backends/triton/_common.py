@@ -1,4 +1,5 @@
-"""Shared helpers of the Triton backend: availability, interpreter detection, one-time fallback warnings."""
+"""Shared helpers of the Triton backend: availability, interpreter detection, the programmatic dependent launch
+switch and launch options, one-time fallback warnings."""
 
 from __future__ import annotations
 
@@ -68,6 +69,24 @@ def pdl_capable(x: torch.Tensor) -> bool:
 def pdl_enabled(x: torch.Tensor) -> bool:
     """:func:`pdl_capable` and ``MINITE_TRITON_PDL=on``."""
     return pdl_mode() == "on" and pdl_capable(x)  # the memoised switch first: off is the common case
+
+
+def pdl_on(x: torch.Tensor, pdl: bool | None) -> bool:
+    """Whether a kernel on ``x``'s device is compiled with grid dependency control: ``pdl``, or
+    :func:`pdl_enabled` where it is None; asked for where :func:`pdl_capable` says no, an error."""
+    on = pdl_enabled(x) if pdl is None else bool(pdl)
+    if on and not pdl_capable(x):
+        raise ValueError(
+            "programmatic dependent launch needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3 "
+            f"(not the interpreter); pass pdl=None or False on {x.device}"
+        )
+    return on
+
+
+def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:
+    """The ``PDL`` constexpr and the ``launch_pdl`` launch option of a kernel launched with programmatic
+    dependent launch on ``x``'s device (:func:`pdl_on`), or nothing."""
+    return {"PDL": True, "launch_pdl": True} if pdl_on(x, pdl) else {}
 
 
 def warn_once(key: str, message: str) -> None:

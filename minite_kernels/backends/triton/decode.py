@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._common import interpret_mode, pdl_capable, pdl_enabled
+from ._common import _pdl_launch, interpret_mode
 from .decode_kernels import _decode_pairs_kernel, _pairs_act_quant_kernel
 from .quantize import QuantOut, _num_sms
 
@@ -220,13 +220,3 @@ def decode_linear_pairs(
     )
     return out
 
-
-def _pdl_launch(x: torch.Tensor, pdl: bool | None) -> dict:
-    """The PDL constexpr and launch option of a decode-path kernel on ``x``'s device."""
-    on = pdl_enabled(x) if pdl is None else bool(pdl)
-    if on and not pdl_capable(x):
-        raise ValueError(
-            "programmatic dependent launch needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3 "
-            f"(not the interpreter); pass pdl=None or False on {x.device}"
-        )
-    return {"PDL": True, "launch_pdl": True} if on else {}

@@ -56,20 +56,9 @@ import triton.language as tl
 
 from ._common import INV_2688_SQ
 from .nvfp4_jit import _block_scale, _e2m1_code_rn, _e2m1_value, _encode_scale
+from .pdl_jit import _prefetch_l2, gdc_launch_dependents, gdc_wait
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
-
-try:  # Hopper grid dependency control (PTX griddepcontrol), in Triton since 3.3
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton: pdl_enabled() is False there, PDL never compiles
-
-    @triton.jit
-    def gdc_launch_dependents():
-        pass
-
-    @triton.jit
-    def gdc_wait():
-        pass
 
 
 @triton.jit
@@ -164,27 +153,6 @@ _BLOCK_DOT_ASM = tl.constexpr(
         + ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 fl, lo;", "cvt.f32.f16 fh, hi;", "add.f32 $0, fl, fh;", "}"]
     )
 )
-
-
-#: ``cp.async.bulk.prefetch.L2`` of ``$2`` bytes at address ``$1``, issued by thread 0 of the program only
-#: (skipped when ``$2 <= 0``). A prefetch moves no data into registers, so it cannot read a stale value:
-#: the loads after ``griddepcontrol.wait`` still read what the previous kernel wrote (the L2 is coherent)
-_PREFETCH_ASM = tl.constexpr(
-    "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.s32 q, $2, 0; "
-    "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }"
-)
-
-
-@triton.jit
-def _prefetch_l2(base, start, end):
-    """Ask the L2 for the bytes ``[start, end)`` after pointer ``base``, the range shrunk inward to 16-byte
-    boundaries as the bulk prefetch needs (no byte outside it is touched)."""
-    a = base.to(tl.int64)
-    lo = (a + start + 15) // 16 * 16
-    hi = (a + end) // 16 * 16
-    tl.inline_asm_elementwise(
-        _PREFETCH_ASM, "=r,l,r", [lo, (hi - lo).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
