@@ -10,6 +10,9 @@ NVFP4 weight as packed E2M1 codes and block scales in the kernel's layout.
 - The layout: packing and unpacking are exact inverses on every code and valid scale byte.
 - Split-K sums its partials in a fixed order: two calls are equal bit for bit, whatever the configuration.
 - Inside a CUDA graph the kernel follows weights rewritten in place (``FP4Weight.copy_rows_``).
+- Programmatic dependent launch (``pdl=True``) changes no bit, alone or in the decode step's chain (fused norm,
+  GEMM, SiLU product, GEMM) captured in one CUDA graph; compiled for sm_90 without a GPU, the kernel touches
+  nothing but L2 prefetches of its own weight bytes before ``griddepcontrol.wait``.
 - The decode's inline PTX, executed instruction by instruction on the CPU, gives ``q · s · 2^-26`` exactly.
 The kernel runs under Triton's CPU interpreter (a subprocess with ``TRITON_INTERPRET=1``; there the decode is
 written with Triton integer ops and the MMA is an fp32 dot) and compiled on a GPU (``-m gpu``).
@@ -17,11 +20,14 @@ written with Triton integer ops and the MMA is an fp32 dot) and compiled on a GP
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from minite_test_support import interp_only, spread_bf16
 
 from minite_kernels.formats.nvfp4 import quantize_nvfp4
+from minite_kernels.options import use_options
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'minite-rl[gpu]')")
 
@@ -142,6 +148,26 @@ def _bad_inputs(device) -> None:
     with pytest.raises(ValueError, match="one amax per tensor or per row"):
         pk.copy_rows_(0, pk.codes, pk.scales, torch.ones(3))
     assert mod.fp4w_linear(x[:0], pk).shape == (0, 64)
+    if not _pdl_capable(x):  # asked for where it cannot run (the interpreter, a pre-Hopper GPU): an error
+        with pytest.raises(ValueError, match="programmatic dependent launch needs .*compute capability 9.0"):
+            mod.fp4w_linear(x, pk, pdl=True)
+
+
+def _pdl_capable(x: torch.Tensor) -> bool:
+    from minite_kernels.backends.triton._common import pdl_capable
+
+    return pdl_capable(x)
+
+
+def _pdl_switch(device) -> None:
+    """``MINITE_TRITON_PDL=on`` (``options().pdl``) turns PDL on where it can run and is ignored elsewhere; the
+    result is the same either way."""
+    mod = _mod()
+    pk, _, _ = _weights((32,), 128, device, seed=5)
+    x = _x_hat(3, 128, device, seed=6)
+    want = mod.fp4w_linear(x, pk, pdl=False)
+    with use_options(pdl="on"):
+        assert torch.equal(mod.fp4w_linear(x, pk), want)
 
 
 def test_layout_round_trip_and_worked_example():
@@ -328,6 +354,18 @@ def test_interp_matches_reference(m, ns, k, bias):
 def test_interp_worked_example_and_bad_inputs():
     _worked_example("cpu")
     _bad_inputs("cpu")
+    _pdl_switch("cpu")
+
+
+def test_pdl_on_the_cpu_is_an_error():
+    """``pdl=True`` on a CPU tensor (no interpreter here) fails before any launch, with the one-line error of
+    the decode kernels; ``pdl=None`` follows the switch, which is off by default."""
+    mod = _mod()
+    pk = mod.FP4Weight.empty(64, 64, "cpu")
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    msg = r"programmatic dependent launch needs .*; pass pdl=None or False on cpu"
+    with pytest.raises(ValueError, match=msg):
+        mod.fp4w_linear(x, pk, pdl=True)
 
 
 def _pack_kernel_equals_reference(device) -> None:
@@ -405,6 +443,78 @@ def test_gpu_matches_reference():
         _check(m, ns, k, "cuda", configs, bias=bias, seed=m + k)
     _worked_example("cuda")
     _bad_inputs("cuda")
+    _pdl_switch("cuda")
+
+
+def _skip_without_pdl() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if not _pdl_capable(torch.empty(0, device="cuda")):
+        pytest.skip("programmatic dependent launch needs sm_90+ and Triton >= 3.3")
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_changes_no_bit():
+    """``pdl=True`` changes when the kernel starts, not what it computes: one split and split-K, either operand
+    order, with and without a bias, groups past N in the last tile."""
+    _skip_without_pdl()
+    mod = _mod()
+    c = mod.FP4WConfig
+    configs = (
+        None,
+        c(block_n=128, block_k=64, split=2),
+        c(block_n=64, block_k=128, split=1),
+        c(block_n=64, block_k=64, split=4, num_stages=3, swap_ab=False),
+    )
+    for m, ns, k, bias in ((64, (1024, 1024), 2560, True), (5, (2048,), 1024, False), (100, (272,), 512, True)):
+        pk, _, _ = _weights(ns, k, "cuda", seed=m)
+        x = _x_hat(m, k, "cuda", seed=m + 1)
+        b = torch.randn(sum(ns), generator=torch.Generator().manual_seed(m)).to(torch.bfloat16).cuda()
+        b = b if bias else None
+        for cfg in configs:
+            want = mod.fp4w_linear(x, pk, b, cfg, pdl=False)
+            assert torch.equal(mod.fp4w_linear(x, pk, b, cfg, pdl=True), want), (m, ns, k, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_chain_in_one_cuda_graph():
+    """The decode step's MLP chain (fused residual add + RMSNorm, the gate/up GEMM with split-K, the SiLU product,
+    the down GEMM), every launch with PDL, captured in one CUDA graph: each GEMM may start while the kernel that
+    writes its input still runs, so a read of X̂ before ``griddepcontrol.wait`` would race. Replays must equal
+    the chain run eagerly without PDL, bit for bit, also after new inputs were copied into the graph's buffers."""
+    _skip_without_pdl()
+    from minite_kernels.backends.triton.norm_quant import add_rms_norm_deq, silu_mul_deq
+
+    mod = _mod()
+    m, hidden, inter = 64, 1024, 1536
+    gate_up, _, _ = _weights((inter, inter), hidden, "cuda", seed=11)
+    down, _, _ = _weights((hidden,), inter, "cuda", seed=12)
+    cfg_gu = mod.FP4WConfig(block_n=128, block_k=64, split=2)  # the 4B gate/up launch
+    cfg_down = mod.FP4WConfig(block_n=64, block_k=128, split=1)
+    g = torch.Generator().manual_seed(13)
+    h = (3 * torch.randn(m, hidden, generator=g)).to(torch.bfloat16).cuda()
+    y = torch.randn(m, hidden, generator=g).to(torch.bfloat16).cuda()
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).cuda()
+
+    def chain(pdl: bool):
+        h2, x_hat, _ = add_rms_norm_deq(h, y, w, 1e-6, pdl=pdl)
+        gu = mod.fp4w_linear(x_hat, gate_up, None, cfg_gu, pdl=pdl)
+        a_hat, _ = silu_mul_deq(gu[:, :inter], gu[:, inter:], pdl=pdl)
+        return h2, gu, mod.fp4w_linear(a_hat, down, None, cfg_down, pdl=pdl)
+
+    want = chain(False)
+    assert all(torch.equal(a, b) for a, b in zip(chain(True), want))  # also compiles the PDL kernels
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(True)
+    for step in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), step
+        h.copy_((3 * torch.randn(m, hidden, generator=g)).to(torch.bfloat16))  # new inputs, same buffers
+        y.copy_(torch.randn(m, hidden, generator=g).to(torch.bfloat16))
+        want = chain(False)
 
 
 @pytest.mark.gpu
@@ -495,3 +605,47 @@ def test_compiled_mmas_stay_asynchronous(launch):
     )
     assert "wgmma.mma_async" in asm["ptx"]
     assert ptxas_messages(asm["ptx"]) == []
+
+
+@pytest.mark.parametrize(
+    "block_n,block_k,split,k,rows,swap_ab,bias",
+    [
+        (128, 64, 2, 2560, 64, True, False),  # the table's 4B gate/up launch (19456 x 2560 at 64 rows)
+        (64, 128, 1, 1024, 64, True, True),  # one split (6144 x 1024 at 64 rows), with a bias
+        (64, 64, 4, 2048, 16, False, False),  # the other operand order, split-K
+    ],
+    ids=["gate_up_split_k", "one_split_bias", "swap_ab_off"],
+)
+def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swap_ab, bias):
+    """Compiled for sm_90 without a GPU, with ``PDL``: before ``griddepcontrol.wait`` the program issues one
+    L2 bulk prefetch of its codes and one of its scales per 16-row group (2 * BLOCK_N / 16) and touches global
+    memory in no other way (no load, no asynchronous copy into shared memory: Triton's pipeliner keeps its
+    prologue after the wait; no store or atomic); the register-operand MMAs stay asynchronous. Without ``PDL``
+    no grid dependency control and no prefetch are compiled."""
+    from minite_kernels.backends.triton.offline import compile_offline, first_global_access, ptxas_messages
+
+    cx = {
+        "K_PER_SPLIT": k // split,
+        "HAS_BIAS": bias,
+        "SPLIT": split,
+        "BLOCK_M": rows,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "SWAP_AB": swap_ab,
+        "INTERP": False,
+    }
+
+    def ptx(pdl: bool) -> str:
+        return compile_offline(
+            _mod()._fp4w_kernel, _KERNEL_TYPES, dict(cx, PDL=pdl), warps=4, stages=4,
+            divisible_by_16=("N", "K", "stride_xm"),
+        )["ptx"]  # fmt: skip
+
+    on = ptx(True)
+    wait = on.index("griddepcontrol.wait")
+    assert on.count("griddepcontrol.wait") == 1 and wait < first_global_access(on)
+    prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", on)]
+    assert len(prefetches) == 2 * (block_n // 16) and max(prefetches) < wait
+    assert ptxas_messages(on) == []
+    off = ptx(False)
+    assert "griddepcontrol" not in off and "prefetch" not in off

@@ -87,6 +87,30 @@ def _bad_inputs(device) -> None:
         add_rms_norm_deq(h[:, :24].contiguous(), None, w[:24].contiguous(), 1e-6)
     with pytest.raises(ValueError, match="y must be a bfloat16 tensor of shape"):
         add_rms_norm_deq(h, y.float(), w, 1e-6)
+    _pdl_where_it_cannot_run(device)
+
+
+def _pdl_where_it_cannot_run(device) -> None:
+    """``pdl=True`` where programmatic dependent launch cannot run (the interpreter, a CPU tensor, a pre-Hopper
+    GPU) is the decode kernels' one-line error, raised before any launch; elsewhere it changes no value."""
+    from minite_kernels.backends.triton._common import pdl_capable
+    from minite_kernels.backends.triton.norm_quant import add_rms_norm_deq, silu_mul_deq
+
+    h, y, w = _inputs(2, 32, device)
+    if pdl_capable(h):
+        got = add_rms_norm_deq(h, y, w, 1e-6, write_x=True, pdl=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, add_rms_norm_deq(h, y, w, 1e-6, write_x=True)))
+        assert torch.equal(silu_mul_deq(h, y, pdl=True)[0], silu_mul_deq(h, y)[0])
+        return
+    msg = "programmatic dependent launch needs .*compute capability 9.0"
+    with pytest.raises(ValueError, match=msg):
+        add_rms_norm_deq(h, y, w, 1e-6, pdl=True)
+    with pytest.raises(ValueError, match=msg):
+        silu_mul_deq(h, y, pdl=True)
+
+
+def test_pdl_on_the_cpu_is_an_error():
+    _pdl_where_it_cannot_run("cpu")
 
 
 # --- CPU: the interpreter run, in a subprocess ----------------------------------------------------------------

@@ -21,6 +21,7 @@ from minite_kernels.backends.triton import quantize_bf16 as Q
 from minite_kernels.backends.triton.offline import (
     DECODE_PAIRS_TYPES,
     compile_offline,
+    first_global_access,
     moving_conversions_in_loop,
     pair_constexprs,
 )
@@ -143,13 +144,6 @@ _PAIR_QUANT_TYPES = {
 }
 
 
-def _first_global_access(ptx: str) -> int:
-    """Offset of the first global load or asynchronous copy into shared memory in a PTX listing."""
-    hits = [m.start() for m in re.finditer(r"\b(ld\.global|cp\.async\.(ca|cg)\.shared)", ptx)]
-    assert hits, "no global load in the PTX"
-    return min(hits)
-
-
 def _params_behind(ptx: str, kernel, types: dict, reg: str) -> set[str]:
     """The kernel arguments whose value flows into PTX register ``reg`` (its definitions traced back to
     ``ld.param``; argument ``i`` of the listing is the ``i``-th non-constexpr argument)."""
@@ -232,7 +226,7 @@ def test_pair_decode_waits_before_reading(split, bn, stages):
     cx = {"BLOCK_N": bn, "BLOCK_KB": 32, "BLOCK_B": 1, "SPLIT": split, "INTERP": False, "STAGES": stages}
     ptx = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=True))["ptx"]
     wait = ptx.index("griddepcontrol.wait")
-    assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)
+    assert ptx.index("griddepcontrol.launch_dependents") < wait < first_global_access(ptx)
     prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)]
     assert len(prefetches) == (2 if split == 1 else 2 * bn) and max(prefetches) < wait
     off = compile_offline(D._decode_pairs_kernel, DECODE_PAIRS_TYPES, dict(cx, PDL=False))["ptx"]
@@ -247,7 +241,7 @@ def test_pair_quantizer_waits_before_reading():
         "ptx"
     ]
     wait = ptx.index("griddepcontrol.wait")
-    assert ptx.index("griddepcontrol.launch_dependents") < wait < _first_global_access(ptx)
+    assert ptx.index("griddepcontrol.launch_dependents") < wait < first_global_access(ptx)
 
 
 def test_moving_conversions_tells_register_equivalent_layouts_apart():
@@ -272,6 +266,12 @@ scf.for %i = %c0 to %n step %c1 {{
     assert [m.split(" =")[0] for m in moving] == ["%1", "%2"]
 
 
+_NORM_TYPES = {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "hout_ptr": "*bf16", "x_ptr": "*bf16",
+               "deq_ptr": "*bf16", "M": "i32", "NBK": "i32", "inv_k": "fp32", "eps": "fp32"}
+_SILU_TYPES = {"g_ptr": "*bf16", "u_ptr": "*bf16", "x_ptr": "*bf16", "deq_ptr": "*bf16", "M": "i32", "NBK": "i32",
+               "stride_g": "i32", "stride_u": "i32"}
+
+
 @pytest.mark.parametrize("nb,residual", [(64, True), (64, False), (160, True), (1024, True)])
 def test_norm_quant_kernel_keeps_rows_in_registers(nb, residual):
     """``norm_quant._add_rms_norm_deq_kernel`` compiles for sm_90 with the BF16 quantizer's block-major load tile
@@ -281,9 +281,7 @@ def test_norm_quant_kernel_keeps_rows_in_registers(nb, residual):
     nb = triton.next_power_of_2(nb)
     warps = _warps(nb)
 
-    types = {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "hout_ptr": "*bf16", "x_ptr": "*bf16",
-             "deq_ptr": "*bf16", "M": "i32", "NBK": "i32", "inv_k": "fp32", "eps": "fp32"}
-    ttgir = _ttgir(_add_rms_norm_deq_kernel, types,
+    ttgir = _ttgir(_add_rms_norm_deq_kernel, _NORM_TYPES,
                    {"NB": nb, "HAS_Y": residual, "WRITE_X": False, "RNE_INT": False}, warps)
     assert "ttg.convert_layout" not in ttgir
     lanes = _load_tile_lanes(ttgir)
@@ -297,11 +295,30 @@ def test_silu_mul_quant_kernel_keeps_rows_in_registers(nb):
     from minite_kernels.backends.triton.norm_quant import _silu_mul_deq_kernel, _warps
 
     nb = triton.next_power_of_2(nb)
-    types = {"g_ptr": "*bf16", "u_ptr": "*bf16", "x_ptr": "*bf16", "deq_ptr": "*bf16", "M": "i32", "NBK": "i32",
-             "stride_g": "i32", "stride_u": "i32"}
-    ttgir = _ttgir(_silu_mul_deq_kernel, types, {"NB": nb, "WRITE_X": False, "RNE_INT": False}, _warps(nb))
+    ttgir = _ttgir(_silu_mul_deq_kernel, _SILU_TYPES, {"NB": nb, "WRITE_X": False, "RNE_INT": False}, _warps(nb))
     assert "ttg.convert_layout" not in ttgir
     assert _load_tile_lanes(ttgir)[0] == 32
+
+
+@pytest.mark.parametrize("which", ["add_rms_norm", "silu_mul"])
+def test_norm_quant_kernels_let_the_next_kernel_launch_first(which):
+    """With ``PDL`` the fused norm/SiLU kernels execute ``griddepcontrol.launch_dependents`` before they touch
+    global memory, so the FP4-weight GEMM launched after them with programmatic dependent launch starts (and
+    prefetches its weights) while they run. They are not launched with PDL themselves, so they do not wait.
+    Without ``PDL`` no grid dependency control is compiled."""
+    from minite_kernels.backends.triton import norm_quant as NQ
+
+    if which == "add_rms_norm":
+        kernel, types, cx = NQ._add_rms_norm_deq_kernel, _NORM_TYPES, {"NB": 256, "HAS_Y": True}
+    else:
+        kernel, types, cx = NQ._silu_mul_deq_kernel, _SILU_TYPES, {"NB": 1024}
+    cx = dict(cx, WRITE_X=False, RNE_INT=False)
+    warps = NQ._warps(cx["NB"])
+    ptx = compile_offline(kernel, types, dict(cx, PDL=True), warps=warps)["ptx"]
+    assert ptx.index("griddepcontrol.launch_dependents") < first_global_access(ptx)
+    assert "griddepcontrol.wait" not in ptx
+    off = compile_offline(kernel, types, dict(cx, PDL=False), warps=warps)["ptx"]
+    assert "griddepcontrol" not in off
 
 
 # --- the NVFP4 encode, written once ------------------------------------------------------------------------------

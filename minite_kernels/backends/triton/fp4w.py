@@ -30,7 +30,10 @@ loop's trip count is a compile-time constant (``K_PER_SPLIT``, one compilation p
 count ptxas serializes these register-operand MMAs (its advisory C7515; the code waits after every MMA), with a
 constant one they stay asynchronous, so the MMAs of one K step run while the next fragments decode. The other
 operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared memory once
-per K step and issues that step's MMAs back to back; the table picks between them by measurement.
+per K step and issues that step's MMAs back to back; the table picks between them by measurement. With
+programmatic dependent launch (off unless ``MINITE_TRITON_PDL=on`` / ``options().pdl``; sm_90+) the kernel starts
+while the norm or SiLU kernel that writes X̂ still runs, asks the L2 for its slice of the codes and scales, and
+waits for X̂ only then, so its weight bytes stream from HBM while that (issue-bound) kernel runs.
 
 **The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
 cheap. Rows go in groups of 16 and K in tiles of 64. For each (group, tile), lane ``l = 4i + t`` of a warp owns
@@ -71,9 +74,10 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_kernels.backends.triton._common import INV_2688, interpret_mode, kernel_device_ok
+from minite_kernels.backends.triton._common import INV_2688, _pdl_launch, interpret_mode, kernel_device_ok
 from minite_kernels.backends.triton.decode import _workspace
 from minite_kernels.backends.triton.norm_quant import _round
+from minite_kernels.backends.triton.pdl_jit import _prefetch_l2, gdc_wait
 from minite_kernels.backends.triton.quantize import _num_sms
 
 #: the most activation rows one program holds; more rows take several M tiles
@@ -444,14 +448,21 @@ def _decode(c, sc, NR: tl.constexpr, KT: tl.constexpr, INTERP: tl.constexpr):
 def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                  stride_xm, K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                 INTERP: tl.constexpr):  # fmt: skip
+                 INTERP: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N/16, 8K] and
     ``scales`` u8 [N/16, K] in the layout of :func:`pack_codes` / :func:`pack_scales`, ``gain`` fp32 [N], ``y`` BF16
     [M, N]. ``SWAP_AB``: the accumulator is [BLOCK_N, BLOCK_M], weight rows first, and the decoded weight is the
     MMA's register operand (one asynchronous MMA per 64 weight rows and K step of 16); otherwise the accumulator is
     [BLOCK_M, BLOCK_N] and the decoded tile goes through shared memory as the MMA's second operand (one store of
     the tile, then the step's MMAs issued back to back). Groups past N and rows past M are clamped to 0 for the
-    loads (no masks in the K loop) and left out of the stores."""
+    loads (no masks in the K loop) and left out of the stores.
+
+    ``PDL`` (launched with programmatic dependent launch, sm_90+): the program may start while the kernel that
+    writes ``x`` still runs. It first asks the L2 for its own weight bytes, per row group the codes
+    ``[8 (K g + k0), 8 (K g + k0 + K_PER_SPLIT))`` and the scales ``[K g + k0, K g + k0 + K_PER_SPLIT)`` of its
+    split (``k0``: the split's first column; one bulk prefetch each, none for groups past N), then waits
+    (``griddepcontrol.wait``); every load (x, gain, bias, the split-K partials and counter) and every store comes
+    after the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -468,6 +479,15 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
     tile = tl.arange(0, KT)[None, :, None, None]
     lane = tl.arange(0, 32)[None, None, :, None]
     k_start = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
+    if PDL:  # the weights are constant during a rollout: no kernel this one may overlap writes them
+        for r in tl.static_range(NR):
+            g = pid_n * NR + r
+            on = g < N // 16
+            c0 = g * (K * 8) + k_start * 8
+            _prefetch_l2(codes_ptr, c0, tl.where(on, c0 + K_PER_SPLIT * 8, c0))
+            s0 = g * K + k_start
+            _prefetch_l2(scales_ptr, s0, tl.where(on, s0 + K_PER_SPLIT, s0))
+        gdc_wait()
     c_ptrs = (
         codes_ptr
         + grp * (K * 8)
@@ -563,10 +583,17 @@ def fp4w_linear(
     bias: torch.Tensor | None = None,
     config: FP4WConfig | None = None,
     out: torch.Tensor | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """``Y = bf16(fp32(X̂ QSᵀ) · g)`` (then ``bf16(· + b)``) for BF16 ``x_hat`` [M, K] (unit stride along K)
     against the packed weight ``w`` [N, K]; ``config`` (default: the table's for this shape) changes only the
-    order of the fp32 sum. ``out``: a BF16 [M, N] tensor to write into."""
+    order of the fp32 sum. ``out``: a BF16 [M, N] tensor to write into.
+
+    ``pdl`` (default: :func:`~minite_kernels.backends.triton._common.pdl_enabled`, i.e. ``MINITE_TRITON_PDL=on``
+    / ``options().pdl`` on sm_90+): launch with programmatic dependent launch, so the kernel starts while the
+    one before it (the norm or SiLU kernel that writes ``x_hat``) still runs, prefetches its weight slice into
+    L2 and only then waits for it. The result does not depend on it; True where it cannot run (the
+    interpreter, a pre-Hopper GPU) is an error."""
     n, k = w.shape
     if x_hat.dim() != 2 or x_hat.dtype != torch.bfloat16 or x_hat.shape[1] != k or x_hat.stride(1) != 1:
         raise ValueError(
@@ -574,6 +601,7 @@ def fp4w_linear(
             f"{tuple(x_hat.shape)} stride {tuple(x_hat.stride())}"
         )
     m = x_hat.shape[0]
+    launch = _pdl_launch(x_hat, pdl)
     cfg = config or table_config(n, k, m) or DEFAULT_CONFIG
     bk, bn = cfg.block_k, cfg.block_n
     if bk % K_TILE or bn % GROUP_ROWS:
@@ -616,5 +644,6 @@ def fp4w_linear(
         INTERP=interpret_mode(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch,
     )
     return y

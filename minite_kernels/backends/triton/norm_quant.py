@@ -17,7 +17,9 @@ and for the MLP's down projection input (``F.silu`` then the product, each round
 
 The decode step of the CUDA-graph sampler feeds X̂ to the packed q/k/v, gate/up and down GEMMs
 (``rollout/packed.py``). Without these kernels it runs the producer (one launch) and the lane's quantizer
-(another) per input; with them, one launch.
+(another) per input; with them, one launch. With programmatic dependent launch on (``pdl``,
+``MINITE_TRITON_PDL=on``), both let the kernel after them start at once: the FP4-weight GEMM (``fp4w.py``),
+launched with PDL, then streams its weights into L2 while they run and waits for X̂.
 
 The quantization is the BF16 per-token kernel's own device code (``quantize_bf16._token_segment_store``), fed
 with ``x`` held in registers as BF16 words, so X̂ is bit-equal to ``quantize_token_deq_bf16(x)`` for the same
@@ -37,8 +39,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import interpret_mode
+from ._common import interpret_mode, pdl_on
 from .nvfp4_jit import _encode_scale
+from .pdl_jit import gdc_launch_dependents
 from .quantize_bf16 import _bf16_bits, _load_halves, _max_nan, _pair_absmax, _token_segment_store
 
 #: the widest row the kernel holds in registers (as the BF16 per-token kernel)
@@ -113,8 +116,13 @@ def _add_rms_norm_deq_kernel(
     HAS_Y: tl.constexpr,
     WRITE_X: tl.constexpr,
     RNE_INT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """One row per program, held in registers as block-major [NB, 1, 4] word tiles (``_load_halves``)."""
+    """One row per program, held in registers as block-major [NB, 1, 4] word tiles (``_load_halves``).
+    ``PDL``: let the next kernel, if launched with programmatic dependent launch, start now (it waits for this
+    one before it reads what this one writes)."""
+    if PDL:
+        gdc_launch_dependents()
     rows = tl.program_id(0) + tl.arange(0, 1)
     blks = tl.arange(0, NB)
     stride = NBK * 8
@@ -191,9 +199,12 @@ def _silu_mul_deq_kernel(
     NB: tl.constexpr,
     WRITE_X: tl.constexpr,
     RNE_INT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """One row per program, as ``_add_rms_norm_deq_kernel``; ``g`` and ``u`` rows ``stride_*`` words apart (the
-    two halves of a gate/up GEMM's output)."""
+    """One row per program, as ``_add_rms_norm_deq_kernel`` (``PDL`` too); ``g`` and ``u`` rows ``stride_*``
+    words apart (the two halves of a gate/up GEMM's output)."""
+    if PDL:
+        gdc_launch_dependents()
     rows = tl.program_id(0) + tl.arange(0, 1)
     blks = tl.arange(0, NB)
     g_lo, g_hi = _load_halves(_as_words(g_ptr), rows, blks, M, NBK, stride_g)
@@ -232,13 +243,25 @@ def _warps(nb: int) -> int:
 
 
 def add_rms_norm_deq(
-    h: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float, *, write_x: bool = False
+    h: torch.Tensor,
+    y: torch.Tensor | None,
+    w: torch.Tensor,
+    eps: float,
+    *,
+    write_x: bool = False,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """``(h + y, X̂, x)`` for BF16 rows ``h`` (and ``y``) [M, K] and the norm weight ``w`` [K] (see the module
     docstring): the new residual (None without ``y``), the quantize-dequantized normed activation, and the
-    normed activation itself with ``write_x`` (else None). K % 16 == 0, K <= 16384, contiguous operands."""
+    normed activation itself with ``write_x`` (else None). K % 16 == 0, K <= 16384, contiguous operands.
+
+    ``pdl`` (default: ``pdl_enabled``, i.e. ``MINITE_TRITON_PDL=on`` / ``options().pdl`` on sm_90+): the kernel
+    lets the next one start at once if that one is launched with programmatic dependent launch (the FP4-weight
+    GEMM, which prefetches its weights and then waits for X̂). It changes no value; True where it cannot run
+    (the interpreter, a pre-Hopper GPU) is an error."""
     m, k = h.shape
     _check("add_rms_norm_deq", (("h", h, (m, k)), ("y", y, (m, k)), ("w", w, (k,))), k)
+    on = pdl_on(h, pdl)
     deq = torch.empty_like(h)
     h_out = torch.empty_like(h) if y is not None else None
     x = torch.empty_like(h) if write_x else None
@@ -259,23 +282,28 @@ def add_rms_norm_deq(
             HAS_Y=y is not None,
             WRITE_X=write_x,
             RNE_INT=interpret_mode(),
+            PDL=on,
             num_warps=_warps(nb),
         )
     return h_out, deq, x
 
 
-def silu_mul_deq(g: torch.Tensor, u: torch.Tensor, *, write_x: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def silu_mul_deq(
+    g: torch.Tensor, u: torch.Tensor, *, write_x: bool = False, pdl: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(X̂, x)`` for the SiLU-gated product ``x = silu(g) * u`` of BF16 rows ``g``, ``u`` [M, K] (see the module
     docstring): its quantize-dequantize, and ``x`` itself with ``write_x`` (else None). Rows of ``g`` and ``u``
-    may be apart (the two column halves of one [M, 2K] tensor), each contiguous; X̂ and x are contiguous."""
+    may be apart (the two column halves of one [M, 2K] tensor), each contiguous; X̂ and x are contiguous.
+    ``pdl``: as :func:`add_rms_norm_deq`."""
     m, k = g.shape
     _check("silu_mul_deq", (("g", g, (m, k)), ("u", u, (m, k))), k, row_strided=True)
+    on = pdl_on(g, pdl)
     deq = torch.empty_like(g)
     x = torch.empty_like(g) if write_x else None
     if m:
         nb = triton.next_power_of_2(k // 16)
         _silu_mul_deq_kernel[(m,)](
             g, u, x if x is not None else deq, deq, m, k // 16, g.stride(0) // 2, u.stride(0) // 2,
-            NB=nb, WRITE_X=write_x, RNE_INT=interpret_mode(), num_warps=_warps(nb),
+            NB=nb, WRITE_X=write_x, RNE_INT=interpret_mode(), PDL=on, num_warps=_warps(nb),
         )
     return deq, x

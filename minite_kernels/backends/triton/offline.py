@@ -5,7 +5,8 @@ move a hot loop's data through shared memory while every byte test still passes.
 Triton's bundled compiler for a target architecture (sm_90 by default) without a device, with the
 launcher's specializations mirrored (16-byte aligned pointers, chosen integer arguments divisible by 16), so
 CPU tests (``tests/minite_kernels/test_triton_layout.py``) and ``scripts/kernel_asm.py`` see the layouts the
-GPU run compiles.
+GPU run compiles, and where a kernel launched with programmatic dependent launch first touches global memory
+(:func:`first_global_access`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,23 @@ def ptxas_messages(ptx: str, arch: int = 90) -> list[str]:
     return [line for line in log.splitlines() if "Potential Performance Loss" in line]
 
 
+_GLOBAL_ACCESS = re.compile(
+    r"\b(?:ld|st|atom|red)\.global\b"  # loads, stores, atomics
+    r"|\bcp\.async\.(?:ca|cg)\.shared\.global\b"  # asynchronous copies into shared memory
+    r"|\bcp\.async\.bulk\.(?:shared|tensor)"  # bulk and tensor copies (not cp.async.bulk.prefetch)
+)
+
+
+def first_global_access(ptx: str) -> int:
+    """Offset in a PTX listing of the first instruction that reads or writes global memory: a load, store or
+    atomic, or an asynchronous copy into shared memory (``cp.async``, bulk and tensor copies). L2 prefetches
+    (``cp.async.bulk.prefetch``) move no data and do not count. Raises if there is none."""
+    m = _GLOBAL_ACCESS.search(ptx)
+    if m is None:
+        raise ValueError("no global memory access in the PTX listing")
+    return m.start()
+
+
 def ops_in_loop(ttgir: str, op: str) -> int:
     """How many ``op`` lines of a Triton GPU IR listing sit inside ``scf.for`` bodies."""
     depth, count = 0, 0
@@ -165,6 +183,7 @@ __all__ = [
     "DECODE_COMMON_TYPES",
     "DECODE_PAIRS_TYPES",
     "compile_offline",
+    "first_global_access",
     "moving_conversions_in_loop",
     "ops_in_loop",
     "pair_constexprs",
