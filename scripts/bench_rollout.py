@@ -16,6 +16,10 @@ Variants (``--variants``, comma-separated):
   (``fp4_weights="auto"``);
   ``graph-fp4_nvfp4`` on every NVFP4 projection (``True``); ``graph-deqw_nvfp4`` on none (``False``: cuBLAS on
   the BF16 dequantized weights, the path before the FP4-weight GEMM);
+  ``graph-pdl_nvfp4``: ``graph_nvfp4`` with programmatic dependent launch on (``use_options(pdl="on")``, i.e.
+  ``MINITE_TRITON_PDL=on``, from the sampler's construction through its capture to its last timed run): each
+  FP4-weight GEMM starts while the norm/SiLU kernel before it runs and prefetches its weights into L2 (sm_90+;
+  elsewhere the option is ignored and the variant equals ``graph_nvfp4``);
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -39,6 +43,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import pathlib
@@ -52,9 +57,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from profile_table import profiled
 
-VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-fp4_nvfp4", "graph-deqw_nvfp4", "graph-sdpa_bf16",
-            "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4", "graph-nonq_nvfp4",
-            "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16", "hf_static_nvfp4")
+VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-pdl_nvfp4", "graph-fp4_nvfp4", "graph-deqw_nvfp4",
+            "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4",
+            "graph-nonq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
+            "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
 
 
@@ -170,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         model, rep = model_for(prec)
         params = SamplingParams(max_new_tokens=T, seed=0)
         sampler = None
-        if kind in ("graph", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq", "graph-nonq",
-                    "eager"):
+        # the variant's options, from its sampler's construction (and first run: the graph capture) to its last
+        # run: one scope, so the options object stays the same for all of them
+        scope = contextlib.ExitStack()
+        if kind == "graph-pdl":
+            from minite_kernels.options import use_options
+
+            scope.enter_context(use_options(pdl="on"))
+        if kind in ("graph", "graph-pdl", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq",
+                    "graph-nonq", "eager"):
             fp4 = {"graph-fp4": True, "graph-deqw": False}.get(kind, "auto")
             nq = {"graph-nq": True, "graph-nonq": False}.get(kind, "auto")
             sampler = GraphSampler(model, tok, graphs=kind != "eager", check_every=a.check_every,
@@ -217,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                 entry["fraction_of_floor"] = entry["tokens_per_s"] / floor
             if sampler is not None:
                 entry["sampler"] = sampler.describe()
+            if kind == "graph-pdl":  # whether the option took effect here (sm_90+, Triton with griddepcontrol)
+                from minite_kernels.backends.triton._common import pdl_enabled
+
+                entry["pdl"] = pdl_enabled(torch.empty(0, device=dev))
             if a.profile and kind.startswith(("graph", "eager")):
                 entry["profile"] = _profile(dev, run, pathlib.Path(a.profile), variant)
         except Exception as e:  # noqa: BLE001 - a failing baseline is a result too
@@ -224,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         results[variant] = entry
         print(f"[bench_rollout] {variant}: {json.dumps(entry)[:400]}", file=sys.stderr)
         sampler = run = None  # its graphs and packed copies go before the next variant's
+        scope.close()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     ref = results.get("graph_bf16", {}).get("tokens_per_s")

@@ -41,6 +41,8 @@ phase, so a ratio can be traced to the kernels (or the host time) behind it. ``-
 ``--sync-report`` and ``--alloc-report`` add a step under cProfile, under CUDA's sync debug mode (where the host
 waits) and with the allocator's history recorded (where it calls ``cudaMalloc`` / ``cudaFree``). Profiled steps
 are not timed, and they run after every timed step: a profiler session slows what the process runs after it.
+``--pdl`` runs the whole benchmark with programmatic dependent launch on (``MINITE_TRITON_PDL=on``; ``"pdl": true``
+in the JSON line).
 """
 from __future__ import annotations
 
@@ -554,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one recipe's model on the device at a time (rebuilt from host-memory weights each round; "
                          "the order alternates between rounds): larger micro-batches fit, as in a trainer")
     ap.add_argument("--rounds", type=int, default=2, help="--sequential: rounds of every recipe (default 2)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="programmatic dependent launch on for the whole process (set_options(pdl='on'), i.e. "
+                         "MINITE_TRITON_PDL=on): the decode step's kernels overlap their predecessors (sm_90+)")
     a = ap.parse_args(argv)
     if a.sequential and a.offload_idle:
         ap.error("--sequential keeps one recipe on the device at a time; --offload-idle is for the interleaved mode")
@@ -571,7 +576,23 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--select {a.select!r}: give each of {', '.join(SELECT)} at most once, comma-separated")
     if a.rounds < 1 or a.reps < 1:
         ap.error(f"--rounds and --reps must be >= 1, got {a.rounds} and {a.reps}")
+    from rollout.models import QWEN3_SHAPES
 
+    if a.shape not in QWEN3_SHAPES:
+        ap.error(f"unknown --shape {a.shape!r}; valid: {', '.join(QWEN3_SHAPES)}")
+    if not a.pdl:
+        return _bench(a, modes, selects)
+    from minite_kernels.options import set_options
+
+    previous = set_options(pdl="on")  # the process default: every thread, every launch from here on
+    try:
+        return _bench(a, modes, selects)
+    finally:
+        set_options(**previous.to_dict())
+
+
+def _bench(a, modes: list[str], selects: list[str]) -> int:
+    """The benchmark itself, for the parsed and checked arguments (``main``)."""
     import torch
 
     from rollout import SamplingParams
@@ -582,8 +603,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA is not available; run on a GPU or pass --device cpu --tiny"}))
         return 1
-    if a.shape not in QWEN3_SHAPES:
-        ap.error(f"unknown --shape {a.shape!r}; valid: {', '.join(QWEN3_SHAPES)}")
     dev = torch.device(a.device)
     shapes = {} if a.tiny else QWEN3_SHAPES[a.shape]
     base, tok = tiny_random_qwen3(REPO / "tests" / "assets" / "qwen3_tokenizer", seed=0, dtype=a.dtype,
@@ -650,7 +669,7 @@ def _report(a, dev, names: list[str], results: dict, orders: list) -> int:
 
     out = {"bench": "trainer_step", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "model": "tiny-qwen3" if a.tiny else f"qwen3-{a.shape}-shape (random)", "dtype": a.dtype,
-           "fp4_weights": a.fp4_weights,
+           "fp4_weights": a.fp4_weights, "pdl": a.pdl,
            "seqs": a.prompts * a.n, "max_new_tokens": a.max_new_tokens, "warmup": a.warmup, "reps": a.reps,
            "micro_batch": a.micro_batch, "micro_batch_tokens": a.micro_batch_tokens,
            "logprob_micro_batch": a.logprob_micro_batch or None, "old_log_prob": a.old_log_prob, "select": a.select,

@@ -120,6 +120,25 @@ def test_bench_trainer_offload_idle_runs_and_is_recorded(capsys, monkeypatch):
     assert out["offload_idle"] is True and set(out["results"]) == {"bf16", "nvfp4_per_token_bf16_bwd"}
 
 
+def test_bench_trainer_pdl_is_the_process_default_while_it_runs(capsys, monkeypatch):
+    """``--pdl``: every recipe is set up and stepped with ``options().pdl == "on"``, the JSON line records it, and
+    the previous default is back afterwards."""
+    from minite_kernels.options import options
+
+    mod = _script(monkeypatch)
+    seen = []
+    real = mod._step
+    monkeypatch.setattr(mod, "_step", lambda *a, **k: seen.append(options().pdl) or real(*a, **k))
+    before = options()
+    rc = mod.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "2", "--dtype", "float32", "--micro-batch", "4", "--pdl",
+                   "--recipes", "nvfp4_per_token_bf16_bwd"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["pdl"] is True and seen and set(seen) == {"on"}
+    assert options() == before
+
+
 def test_a_recipe_resyncs_only_after_another_recipes_optimizer_step(capsys, monkeypatch):
     """Any optimizer step expires every quantized-weight cache; the interleaved benchmark re-runs a recipe's weight
     sync (untimed) only when another recipe stepped since its own sync, as no single-model trainer pays that."""
