@@ -620,9 +620,16 @@ def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swa
     """Compiled for sm_90 without a GPU, with ``PDL``: before ``griddepcontrol.wait`` the program issues one
     L2 bulk prefetch of its codes and one of its scales per 16-row group (2 * BLOCK_N / 16) and touches global
     memory in no other way (no load, no asynchronous copy into shared memory: Triton's pipeliner keeps its
-    prologue after the wait; no store or atomic); the register-operand MMAs stay asynchronous. Without ``PDL``
-    no grid dependency control and no prefetch are compiled."""
-    from minite_kernels.backends.triton.offline import compile_offline, first_global_access, ptxas_messages
+    prologue after the wait; no store or atomic), in the PTX and in the machine code ptxas makes of it; the
+    register-operand MMAs stay asynchronous. Without ``PDL`` no grid dependency control and no prefetch are
+    compiled."""
+    from minite_kernels.backends.triton.offline import (
+        compile_offline,
+        first_global_access,
+        first_global_sass,
+        ptxas_messages,
+        sass,
+    )
 
     cx = {
         "K_PER_SPLIT": k // split,
@@ -635,17 +642,24 @@ def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swa
         "INTERP": False,
     }
 
-    def ptx(pdl: bool) -> str:
+    def build(pdl: bool) -> dict:
         return compile_offline(
             _mod()._fp4w_kernel, _KERNEL_TYPES, dict(cx, PDL=pdl), warps=4, stages=4,
             divisible_by_16=("N", "K", "stride_xm"),
-        )["ptx"]  # fmt: skip
+        )  # fmt: skip
 
-    on = ptx(True)
+    asm = build(True)
+    on = asm["ptx"]
     wait = on.index("griddepcontrol.wait")
     assert on.count("griddepcontrol.wait") == 1 and wait < first_global_access(on)
     prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", on)]
     assert len(prefetches) == 2 * (block_n // 16) and max(prefetches) < wait
     assert ptxas_messages(on) == []
-    off = ptx(False)
+    # and in the machine code: ptxas keeps every global access after the wait (ACQBULK), the prefetches before it
+    ops = sass(asm["cubin"])
+    waits = [i for i, op in enumerate(ops) if op.startswith("ACQBULK")]
+    assert len(waits) == 1 and waits[0] < first_global_sass(ops)
+    sass_prefetches = [i for i, op in enumerate(ops) if "UBLKPF.L2" in op]
+    assert len(sass_prefetches) == len(prefetches) and max(sass_prefetches) < waits[0]
+    off = build(False)["ptx"]
     assert "griddepcontrol" not in off and "prefetch" not in off

@@ -105,6 +105,26 @@ def ptxas_messages(ptx: str, arch: int = 90) -> list[str]:
     return [line for line in log.splitlines() if "Potential Performance Loss" in line]
 
 
+def sass(cubin: bytes) -> list[str]:
+    """The machine instructions of a compiled kernel (``compile_offline(...)["cubin"]``) in program order, as
+    Triton's bundled ``cuobjdump -sass`` prints them (predicate, opcode and operands; addresses, encodings and
+    comments dropped): what ptxas made of the PTX, e.g. whether it moved a load above ``griddepcontrol.wait``
+    (``ACQBULK``)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", path], capture_output=True, text=True,
+                             check=True).stdout
+    return [m.group(1).strip() for m in re.finditer(r"^\s*/\*[0-9a-f]{4}\*/\s*(.*?)\s*;", out, re.MULTILINE)]
+
+
 _GLOBAL_ACCESS = re.compile(
     r"\b(?:ld|st|atom|red)\.global\b"  # loads, stores, atomics
     r"|\bcp\.async\.(?:ca|cg)\.shared\.global\b"  # asynchronous copies into shared memory
@@ -120,6 +140,20 @@ def first_global_access(ptx: str) -> int:
     if m is None:
         raise ValueError("no global memory access in the PTX listing")
     return m.start()
+
+
+#: SASS opcodes that read or write global memory (``LDGDEPBAR``, ``LDS``/``STS`` and ``LDC`` do not)
+_SASS_GLOBAL = re.compile(r"(?:LDG|LDGSTS|STG|ATOMG|REDG|RED|LD|ST|ATOM|UBLKCP|UTMALDG|UTMASTG)(?:\.|$)")
+
+
+def first_global_sass(instructions: list[str]) -> int:
+    """Index in :func:`sass`'s list of the first instruction that reads or writes global memory (loads, stores,
+    atomics, asynchronous and bulk copies; not the L2 prefetch ``UBLKPF``). Raises if there is none."""
+    for i, ins in enumerate(instructions):
+        op = re.match(r"(?:@!?\w+\s+)?(\S+)", ins).group(1)
+        if _SASS_GLOBAL.match(op):
+            return i
+    raise ValueError("no global memory access in the SASS listing")
 
 
 def ops_in_loop(ttgir: str, op: str) -> int:
@@ -184,8 +218,10 @@ __all__ = [
     "DECODE_PAIRS_TYPES",
     "compile_offline",
     "first_global_access",
+    "first_global_sass",
     "moving_conversions_in_loop",
     "ops_in_loop",
     "pair_constexprs",
     "ptxas_messages",
+    "sass",
 ]
