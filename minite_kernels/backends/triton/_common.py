@@ -39,9 +39,11 @@ PDL_MODES = FIELDS["pdl"][1]
 
 
 def pdl_mode() -> str:
-    """``options().pdl``: ``on`` launches the decode path's kernels with programmatic dependent launch where the
-    GPU has it (sm_90+; not under the interpreter). Off by default: on the H200 it helps only while a block's
-    packed weights fit the L2, and costs time once they come from HBM, as they do in a real model."""
+    """``options().pdl``: ``on`` launches the decode path's kernels (the pair kernels, the FP4-weight GEMM and the
+    fused norm/SiLU quantizers before it) with programmatic dependent launch where the GPU has it (sm_90+; not
+    under the interpreter). Off by default: measured, it helps only while a block's packed weights fit the L2,
+    and costs time once they come from HBM, as they do in a real model (``benchmarks/RESULTS.md``: the pair
+    kernels on the H200, the FP4-weight GEMM in the 4B rollout on an H100)."""
     return options().pdl
 
 

@@ -33,7 +33,9 @@ operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared m
 per K step and issues that step's MMAs back to back; the table picks between them by measurement. With
 programmatic dependent launch (off unless ``MINITE_TRITON_PDL=on`` / ``options().pdl``; sm_90+) the kernel starts
 while the norm or SiLU kernel that writes X̂ still runs, asks the L2 for its slice of the codes and scales, and
-waits for X̂ only then, so its weight bytes stream from HBM while that (issue-bound) kernel runs.
+waits for X̂ only then, so its weight bytes stream from HBM while that (issue-bound) kernel runs. It changes no
+bit, but measured in the 4B rollout it was slower than launching after the previous kernel (a whole slice is up
+to half the L2; ``benchmarks/RESULTS.md``), so it stays off.
 
 **The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
 cheap. Rows go in groups of 16 and K in tiles of 64. For each (group, tile), lane ``l = 4i + t`` of a warp owns
