@@ -12,7 +12,7 @@ decode             MINITE_TRITON_DECODE    recipe | auto | off    (packed pair k
 lane               MINITE_LINEAR_LANE      recipe | auto | off    (the dense linear's low-overhead lane)
 save_activations   MINITE_SAVE_ACTIVATIONS recipe | dequantized | packed (what backward keeps of an input)
 launch             MINITE_TRITON_LAUNCH    cached | jit     (host launcher of the Triton kernels)
-pdl                MINITE_TRITON_PDL       off | on         (programmatic dependent launch, sm_90+)
+pdl                MINITE_TRITON_PDL       off | on | head | bare  (programmatic dependent launch, sm_90+)
 =================  ======================  =============================================================
 
 ``recipe`` (the default of the first four) leaves the choice to each recipe; any other value overrides every
@@ -53,7 +53,7 @@ FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gemm": ("MINITE_TRITON_GEMM", (RECIPE, *KERNEL_CHOICES["gemm"])),
     "decode": ("MINITE_TRITON_DECODE", (RECIPE, *KERNEL_CHOICES["decode"])),
     "launch": ("MINITE_TRITON_LAUNCH", ("cached", "jit")),
-    "pdl": ("MINITE_TRITON_PDL", ("off", "on")),
+    "pdl": ("MINITE_TRITON_PDL", ("off", "on", "head", "bare")),
     "lane": ("MINITE_LINEAR_LANE", (RECIPE, *KERNEL_CHOICES["lane"])),
     "save_activations": ("MINITE_SAVE_ACTIVATIONS", (RECIPE, *KERNEL_CHOICES["save_activations"])),
 }

@@ -19,7 +19,9 @@ Variants (``--variants``, comma-separated):
   ``graph-pdl_nvfp4``: ``graph_nvfp4`` with programmatic dependent launch on (``use_options(pdl="on")``, i.e.
   ``MINITE_TRITON_PDL=on``, from the sampler's construction through its capture to its last timed run): each
   FP4-weight GEMM starts while the norm/SiLU kernel before it runs and prefetches its weights into L2 (sm_90+;
-  elsewhere the option is ignored and the variant equals ``graph_nvfp4``);
+  elsewhere the option is ignored and the variant equals ``graph_nvfp4``); ``graph-pdlhead_nvfp4`` /
+  ``graph-pdlbare_nvfp4`` the same with ``pdl="head"`` / ``"bare"``: each GEMM prefetches only its slice's first
+  pipeline stages / nothing before it waits;
 - ``eager_bf16`` / ``eager_nvfp4``: the same engine with graphs off (what the graphs save);
 - ``loop_bf16`` / ``loop_nvfp4``: the reference loop (``rollout.local``);
 - ``hf_static_bf16`` / ``hf_static_nvfp4``: transformers ``generate`` with ``cache_implementation="static"``
@@ -57,11 +59,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from profile_table import profiled
 
-VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-pdl_nvfp4", "graph-fp4_nvfp4", "graph-deqw_nvfp4",
+VARIANTS = ("graph_bf16", "graph_nvfp4", "graph-pdl_nvfp4", "graph-pdlhead_nvfp4", "graph-pdlbare_nvfp4",
+            "graph-fp4_nvfp4", "graph-deqw_nvfp4",
             "graph-sdpa_bf16", "graph-sdpa_nvfp4", "graph-nopack_bf16", "graph-nopack_nvfp4", "graph-nq_nvfp4",
             "graph-nonq_nvfp4", "eager_bf16", "eager_nvfp4", "loop_bf16", "loop_nvfp4", "hf_static_bf16",
             "hf_static_nvfp4")
 NVFP4 = "nvfp4_per_token_bf16_bwd"
+#: variant kind -> ``options().pdl`` while it runs
+PDL_KINDS = {"graph-pdl": "on", "graph-pdlhead": "head", "graph-pdlbare": "bare"}
 
 
 def _sync(dev) -> None:
@@ -179,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         # the variant's options, from its sampler's construction (and first run: the graph capture) to its last
         # run: one scope, so the options object stays the same for all of them
         scope = contextlib.ExitStack()
-        if kind == "graph-pdl":
+        if kind in PDL_KINDS:
             from minite_kernels.options import use_options
 
-            scope.enter_context(use_options(pdl="on"))
-        if kind in ("graph", "graph-pdl", "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq",
+            scope.enter_context(use_options(pdl=PDL_KINDS[kind]))
+        if kind in ("graph", *PDL_KINDS, "graph-fp4", "graph-deqw", "graph-sdpa", "graph-nopack", "graph-nq",
                     "graph-nonq", "eager"):
             fp4 = {"graph-fp4": True, "graph-deqw": False}.get(kind, "auto")
             nq = {"graph-nq": True, "graph-nonq": False}.get(kind, "auto")
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["fraction_of_floor"] = entry["tokens_per_s"] / floor
             if sampler is not None:
                 entry["sampler"] = sampler.describe()
-            if kind == "graph-pdl":  # whether the option took effect here (sm_90+, Triton with griddepcontrol)
+            if kind in PDL_KINDS:  # whether the option took effect here (sm_90+, Triton with griddepcontrol)
                 from minite_kernels.backends.triton._common import pdl_enabled
 
                 entry["pdl"] = pdl_enabled(torch.empty(0, device=dev))

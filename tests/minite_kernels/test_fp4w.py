@@ -151,6 +151,8 @@ def _bad_inputs(device) -> None:
     if not _pdl_capable(x):  # asked for where it cannot run (the interpreter, a pre-Hopper GPU): an error
         with pytest.raises(ValueError, match="programmatic dependent launch needs .*compute capability 9.0"):
             mod.fp4w_linear(x, pk, pdl=True)
+    with pytest.raises(ValueError, match=r"prefetch='all' is not valid; valid: slice, head, none"):
+        mod.fp4w_linear(x, pk, prefetch="all")
 
 
 def _pdl_capable(x: torch.Tensor) -> bool:
@@ -166,8 +168,9 @@ def _pdl_switch(device) -> None:
     pk, _, _ = _weights((32,), 128, device, seed=5)
     x = _x_hat(3, 128, device, seed=6)
     want = mod.fp4w_linear(x, pk, pdl=False)
-    with use_options(pdl="on"):
-        assert torch.equal(mod.fp4w_linear(x, pk), want)
+    for mode in ("on", "head", "bare"):
+        with use_options(pdl=mode):
+            assert torch.equal(mod.fp4w_linear(x, pk), want), mode
 
 
 def test_layout_round_trip_and_worked_example():
@@ -456,7 +459,7 @@ def _skip_without_pdl() -> None:
 @pytest.mark.gpu
 def test_gpu_pdl_changes_no_bit():
     """``pdl=True`` changes when the kernel starts, not what it computes: one split and split-K, either operand
-    order, with and without a bias, groups past N in the last tile."""
+    order, with and without a bias, groups past N in the last tile, whatever it prefetches."""
     _skip_without_pdl()
     mod = _mod()
     c = mod.FP4WConfig
@@ -473,7 +476,9 @@ def test_gpu_pdl_changes_no_bit():
         b = b if bias else None
         for cfg in configs:
             want = mod.fp4w_linear(x, pk, b, cfg, pdl=False)
-            assert torch.equal(mod.fp4w_linear(x, pk, b, cfg, pdl=True), want), (m, ns, k, cfg)
+            for prefetch in mod.PREFETCH_CHOICES:
+                got = mod.fp4w_linear(x, pk, b, cfg, pdl=True, prefetch=prefetch)
+                assert torch.equal(got, want), (m, ns, k, cfg, prefetch)
 
 
 @pytest.mark.gpu
@@ -608,18 +613,20 @@ def test_compiled_mmas_stay_asynchronous(launch):
 
 
 @pytest.mark.parametrize(
-    "block_n,block_k,split,k,rows,swap_ab,bias",
+    "block_n,block_k,split,k,rows,swap_ab,bias,prefetch",
     [
-        (128, 64, 2, 2560, 64, True, False),  # the table's 4B gate/up launch (19456 x 2560 at 64 rows)
-        (64, 128, 1, 1024, 64, True, True),  # one split (6144 x 1024 at 64 rows), with a bias
-        (64, 64, 4, 2048, 16, False, False),  # the other operand order, split-K
+        (128, 64, 2, 2560, 64, True, False, "slice"),  # the table's 4B gate/up launch (19456 x 2560 at 64 rows)
+        (64, 128, 1, 1024, 64, True, True, "slice"),  # one split (6144 x 1024 at 64 rows), with a bias
+        (64, 64, 4, 2048, 16, False, False, "slice"),  # the other operand order, split-K
+        (128, 64, 2, 2560, 64, True, False, "head"),  # the 4B gate/up launch, its first pipeline stages
+        (128, 64, 2, 2560, 64, True, False, "none"),  # and prefetching nothing
     ],
-    ids=["gate_up_split_k", "one_split_bias", "swap_ab_off"],
+    ids=["gate_up_split_k", "one_split_bias", "swap_ab_off", "gate_up_head", "gate_up_none"],
 )
-def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swap_ab, bias):
+def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swap_ab, bias, prefetch):
     """Compiled for sm_90 without a GPU, with ``PDL``: before ``griddepcontrol.wait`` the program issues one
-    L2 bulk prefetch of its codes and one of its scales per 16-row group (2 * BLOCK_N / 16) and touches global
-    memory in no other way (no load, no asynchronous copy into shared memory: Triton's pipeliner keeps its
+    L2 bulk prefetch of its codes and one of its scales per 16-row group (2 * BLOCK_N / 16; none where it
+    prefetches nothing) and touches global memory in no other way (no load, no asynchronous copy into shared memory: Triton's pipeliner keeps its
     prologue after the wait; no store or atomic), in the PTX and in the machine code ptxas makes of it; the
     register-operand MMAs stay asynchronous. Without ``PDL`` no grid dependency control and no prefetch are
     compiled."""
@@ -642,9 +649,12 @@ def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swa
         "INTERP": False,
     }
 
+    prefetch_k = _mod()._prefetch_k(prefetch, k // split, block_k, 4)
+    assert prefetch_k == {"slice": k // split, "head": min(k // split, 4 * block_k), "none": 0}[prefetch]
+
     def build(pdl: bool) -> dict:
         return compile_offline(
-            _mod()._fp4w_kernel, _KERNEL_TYPES, dict(cx, PDL=pdl), warps=4, stages=4,
+            _mod()._fp4w_kernel, _KERNEL_TYPES, dict(cx, PDL=pdl, PREFETCH_K=prefetch_k), warps=4, stages=4,
             divisible_by_16=("N", "K", "stride_xm"),
         )  # fmt: skip
 
@@ -653,13 +663,13 @@ def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swa
     wait = on.index("griddepcontrol.wait")
     assert on.count("griddepcontrol.wait") == 1 and wait < first_global_access(on)
     prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", on)]
-    assert len(prefetches) == 2 * (block_n // 16) and max(prefetches) < wait
+    assert len(prefetches) == (2 * (block_n // 16) if prefetch_k else 0) and max(prefetches, default=0) < wait
     assert ptxas_messages(on) == []
     # and in the machine code: ptxas keeps every global access after the wait (ACQBULK), the prefetches before it
     ops = sass(asm["cubin"])
     waits = [i for i, op in enumerate(ops) if op.startswith("ACQBULK")]
     assert len(waits) == 1 and waits[0] < first_global_sass(ops)
     sass_prefetches = [i for i, op in enumerate(ops) if "UBLKPF.L2" in op]
-    assert len(sass_prefetches) == len(prefetches) and max(sass_prefetches) < waits[0]
+    assert len(sass_prefetches) == len(prefetches) and max(sass_prefetches, default=0) < waits[0]
     off = build(False)["ptx"]
     assert "griddepcontrol" not in off and "prefetch" not in off

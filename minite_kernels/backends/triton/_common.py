@@ -36,12 +36,16 @@ def kernel_device_ok(x: torch.Tensor) -> bool:
 
 
 PDL_MODES = FIELDS["pdl"][1]
+#: what an FP4-weight GEMM launched with PDL prefetches into L2 before it waits, per ``options().pdl``
+PDL_PREFETCH = {"on": "slice", "head": "head", "bare": "none"}
 
 
 def pdl_mode() -> str:
-    """``options().pdl``: ``on`` launches the decode path's kernels (the pair kernels, the FP4-weight GEMM and the
-    fused norm/SiLU quantizers before it) with programmatic dependent launch where the GPU has it (sm_90+; not
-    under the interpreter). Off by default: measured, it helps only while a block's packed weights fit the L2,
+    """``options().pdl``: any value but ``off`` launches the decode path's kernels (the pair kernels, the
+    FP4-weight GEMM and the fused norm/SiLU quantizers before it) with programmatic dependent launch where the GPU
+    has it (sm_90+; not under the interpreter). The values differ only in what an FP4-weight GEMM asks the L2 for
+    before it waits (:data:`PDL_PREFETCH`): ``on`` its whole weight slice, ``head`` the slice's first pipeline
+    stages, ``bare`` nothing. Off by default: measured, it helps only while a block's packed weights fit the L2,
     and costs time once they come from HBM, as they do in a real model (``benchmarks/RESULTS.md``: the pair
     kernels on the H200, the FP4-weight GEMM in the 4B rollout on an H100)."""
     return options().pdl
@@ -69,8 +73,8 @@ def pdl_capable(x: torch.Tensor) -> bool:
 
 
 def pdl_enabled(x: torch.Tensor) -> bool:
-    """:func:`pdl_capable` and ``MINITE_TRITON_PDL=on``."""
-    return pdl_mode() == "on" and pdl_capable(x)  # the memoised switch first: off is the common case
+    """:func:`pdl_capable` and ``MINITE_TRITON_PDL`` other than ``off``."""
+    return pdl_mode() != "off" and pdl_capable(x)  # the memoised switch first: off is the common case
 
 
 def pdl_on(x: torch.Tensor, pdl: bool | None) -> bool:

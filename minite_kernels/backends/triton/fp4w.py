@@ -31,9 +31,10 @@ count ptxas serializes these register-operand MMAs (its advisory C7515; the code
 constant one they stay asynchronous, so the MMAs of one K step run while the next fragments decode. The other
 operand order (``FP4WConfig.swap_ab=False``) writes the decoded tile to shared memory once
 per K step and issues that step's MMAs back to back; the table picks between them by measurement. With
-programmatic dependent launch (off unless ``MINITE_TRITON_PDL=on`` / ``options().pdl``; sm_90+) the kernel starts
-while the norm or SiLU kernel that writes X̂ still runs, asks the L2 for its slice of the codes and scales, and
-waits for X̂ only then, so its weight bytes stream from HBM while that (issue-bound) kernel runs. It changes no
+programmatic dependent launch (off unless ``MINITE_TRITON_PDL`` / ``options().pdl`` says otherwise; sm_90+) the
+kernel starts while the norm or SiLU kernel that writes X̂ still runs, asks the L2 for its slice of the codes and
+scales (``on``; ``head``: the slice's first pipeline stages; ``bare``: nothing), and waits for X̂ only then, so its
+weight bytes stream from HBM while that (issue-bound) kernel runs. It changes no
 bit, but measured in the 4B rollout it was slower than launching after the previous kernel (a whole slice is up
 to half the L2; ``benchmarks/RESULTS.md``), so it stays off.
 
@@ -76,7 +77,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_kernels.backends.triton._common import INV_2688, _pdl_launch, interpret_mode, kernel_device_ok
+from minite_kernels.backends.triton._common import (
+    INV_2688,
+    PDL_PREFETCH,
+    _pdl_launch,
+    interpret_mode,
+    kernel_device_ok,
+    pdl_mode,
+)
 from minite_kernels.backends.triton.decode import _workspace
 from minite_kernels.backends.triton.norm_quant import _round
 from minite_kernels.backends.triton.pdl_jit import _prefetch_l2, gdc_wait
@@ -450,7 +458,7 @@ def _decode(c, sc, NR: tl.constexpr, KT: tl.constexpr, INTERP: tl.constexpr):
 def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                  stride_xm, K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                 INTERP: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                 INTERP: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0):  # fmt: skip
     """Grid (N tiles, SPLIT, M tiles). ``x`` BF16 [M, K] (row stride ``stride_xm``), ``codes`` u8 [N/16, 8K] and
     ``scales`` u8 [N/16, K] in the layout of :func:`pack_codes` / :func:`pack_scales`, ``gain`` fp32 [N], ``y`` BF16
     [M, N]. ``SWAP_AB``: the accumulator is [BLOCK_N, BLOCK_M], weight rows first, and the decoded weight is the
@@ -460,11 +468,11 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
     loads (no masks in the K loop) and left out of the stores.
 
     ``PDL`` (launched with programmatic dependent launch, sm_90+): the program may start while the kernel that
-    writes ``x`` still runs. It first asks the L2 for its own weight bytes, per row group the codes
-    ``[8 (K g + k0), 8 (K g + k0 + K_PER_SPLIT))`` and the scales ``[K g + k0, K g + k0 + K_PER_SPLIT)`` of its
-    split (``k0``: the split's first column; one bulk prefetch each, none for groups past N), then waits
-    (``griddepcontrol.wait``); every load (x, gain, bias, the split-K partials and counter) and every store comes
-    after the wait."""
+    writes ``x`` still runs. It first asks the L2 for the first ``PREFETCH_K`` columns of its own weight bytes
+    (``K_PER_SPLIT``: its whole slice; 0: nothing), per row group the codes ``[8 (K g + k0), 8 (K g + k0 +
+    PREFETCH_K))`` and the scales ``[K g + k0, K g + k0 + PREFETCH_K)`` of its split (``k0``: the split's first
+    column; one bulk prefetch each, none for groups past N), then waits (``griddepcontrol.wait``); every load (x,
+    gain, bias, the split-K partials and counter) and every store comes after the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -482,13 +490,14 @@ def _fp4w_kernel(x_ptr, codes_ptr, scales_ptr, gain_ptr, bias_ptr, y_ptr, part_p
     lane = tl.arange(0, 32)[None, None, :, None]
     k_start = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
     if PDL:  # the weights are constant during a rollout: no kernel this one may overlap writes them
-        for r in tl.static_range(NR):
-            g = pid_n * NR + r
-            on = g < N // 16
-            c0 = g * (K * 8) + k_start * 8
-            _prefetch_l2(codes_ptr, c0, tl.where(on, c0 + K_PER_SPLIT * 8, c0))
-            s0 = g * K + k_start
-            _prefetch_l2(scales_ptr, s0, tl.where(on, s0 + K_PER_SPLIT, s0))
+        if PREFETCH_K > 0:
+            for r in tl.static_range(NR):
+                g = pid_n * NR + r
+                on = g < N // 16
+                c0 = g * (K * 8) + k_start * 8
+                _prefetch_l2(codes_ptr, c0, tl.where(on, c0 + PREFETCH_K * 8, c0))
+                s0 = g * K + k_start
+                _prefetch_l2(scales_ptr, s0, tl.where(on, s0 + PREFETCH_K, s0))
         gdc_wait()
     c_ptrs = (
         codes_ptr
@@ -586,6 +595,7 @@ def fp4w_linear(
     config: FP4WConfig | None = None,
     out: torch.Tensor | None = None,
     pdl: bool | None = None,
+    prefetch: str | None = None,
 ) -> torch.Tensor:
     """``Y = bf16(fp32(X̂ QSᵀ) · g)`` (then ``bf16(· + b)``) for BF16 ``x_hat`` [M, K] (unit stride along K)
     against the packed weight ``w`` [N, K]; ``config`` (default: the table's for this shape) changes only the
@@ -595,7 +605,10 @@ def fp4w_linear(
     / ``options().pdl`` on sm_90+): launch with programmatic dependent launch, so the kernel starts while the
     one before it (the norm or SiLU kernel that writes ``x_hat``) still runs, prefetches its weight slice into
     L2 and only then waits for it. The result does not depend on it; True where it cannot run (the
-    interpreter, a pre-Hopper GPU) is an error."""
+    interpreter, a pre-Hopper GPU) is an error. ``prefetch`` (with PDL; default: ``options().pdl``'s,
+    :data:`~minite_kernels.backends.triton._common.PDL_PREFETCH`, ``slice`` where that is ``off``) is what it
+    asks the L2 for before it waits: ``slice`` its whole slice of codes and scales, ``head`` the slice's first
+    ``num_stages`` K steps (what the pipeline's first loads read), ``none`` nothing."""
     n, k = w.shape
     if x_hat.dim() != 2 or x_hat.dtype != torch.bfloat16 or x_hat.shape[1] != k or x_hat.stride(1) != 1:
         raise ValueError(
@@ -603,6 +616,8 @@ def fp4w_linear(
             f"{tuple(x_hat.shape)} stride {tuple(x_hat.stride())}"
         )
     m = x_hat.shape[0]
+    if prefetch is not None and prefetch not in PREFETCH_CHOICES:
+        raise ValueError(f"fp4w_linear: prefetch={prefetch!r} is not valid; valid: {', '.join(PREFETCH_CHOICES)}")
     launch = _pdl_launch(x_hat, pdl)
     cfg = config or table_config(n, k, m) or DEFAULT_CONFIG
     bk, bn = cfg.block_k, cfg.block_n
@@ -647,5 +662,16 @@ def fp4w_linear(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch,
+        **({"PREFETCH_K": _prefetch_k(prefetch, k // s, bk, cfg.num_stages)} if launch else {}),
     )
     return y
+
+
+#: what :func:`fp4w_linear` may prefetch before it waits, launched with PDL
+PREFETCH_CHOICES = ("slice", "head", "none")
+
+
+def _prefetch_k(prefetch: str | None, k_per_split: int, bk: int, stages: int) -> int:
+    """The columns of its slice a program prefetches (``PREFETCH_K``): ``prefetch``, or ``options().pdl``'s."""
+    prefetch = prefetch or PDL_PREFETCH.get(pdl_mode(), "slice")
+    return {"slice": k_per_split, "head": min(k_per_split, stages * bk), "none": 0}[prefetch]
