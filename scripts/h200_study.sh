@@ -45,6 +45,10 @@
 # STUDY="A B" runs several side by side; STUDY_FRESH=1 starts each grid from nothing but its recorded step-0
 # evals (else the runs recorded in benchmarks/learning/study_NAME seed it and only the missing ones train).
 # Afterwards `python scripts/import_study.py OUT/NAME/study.tgz NAME` records what came back.
+# STUDY_TREE=DIR runs the study with the code in DIR instead of this tree's, so that the blocks of one study keep
+# one code digest (trainers/provenance.py) while the tree moves on: make it with
+#   mkdir -p .pin/REV && git archive REV minite_util minite_kernels triage scoring rollout eval trainers recipes | tar -x -C .pin/REV
+# (about 7.4 MB; carry .pin/REV). The recorded runs and `borrow` still come from this tree's benchmarks/.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
 export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
@@ -67,12 +71,20 @@ run_study() {
             cp -r "$recorded" "$study_dir"
         fi
     fi
+    # the code the runs execute: this tree, or STUDY_TREE's (its packages first on the path and its folder the
+    # working directory, with this tree's recorded studies reachable as benchmarks/ for `borrow`)
+    local tree
+    tree=$(realpath "${STUDY_TREE:-.}")
+    [ -e "$tree/benchmarks" ] || ln -s "$PWD/benchmarks" "$tree/benchmarks"
+    local py=(env -C "$tree" "PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$tree" python3)
     # STUDY_SECONDS - TRAIN_SECONDS holds the runs' last step and save after SIGTERM (at most 90 s) and any evals
     # shellcheck disable=SC2086
-    step "study_$study" "${STUDY_SECONDS:-560}" python3 -m trainers.study "recipes/studies/$study.yaml" \
+    step "study_$study" "${STUDY_SECONDS:-560}" "${py[@]}" -m trainers.study "recipes/studies/$study.yaml" \
         --train-seconds "${TRAIN_SECONDS:-420}" output_dir=$study_dir ${STUDY_ARGS:-}
+    "${py[@]}" -c "from trainers.provenance import code_digest; print('study_$study code digest', code_digest())" \
+        >> "$out/summary.txt" 2>&1
     if ! grep -q "^study_$study rc=[01] " "$out/summary.txt"; then  # killed: summarise what is on disk
-        timeout 60 python3 -c "from trainers.study import load_study, summarize, max_steps, write_outputs
+        timeout 60 "${py[@]}" -c "from trainers.study import load_study, summarize, max_steps, write_outputs
 cfg = load_study('recipes/studies/$study.yaml', ['output_dir=$study_dir'])
 s = summarize(cfg, {a: max_steps(cfg, a) for a in cfg.arms}); s['failed'] = s['stopped'] = []; write_outputs(cfg, s)" \
             > "$sout/summarize.log" 2>&1

@@ -47,7 +47,7 @@ def pdl_mode() -> str:
     before it waits (:data:`PDL_PREFETCH`): ``on`` its whole weight slice, ``head`` the slice's first pipeline
     stages, ``bare`` nothing. Off by default: measured, it helps only while a block's packed weights fit the L2,
     and costs time once they come from HBM, as they do in a real model (``benchmarks/RESULTS.md``: the pair
-    kernels on the H200, the FP4-weight GEMM in the 4B rollout on an H100)."""
+    kernels on the H200; the FP4-weight GEMM in the 4B rollout on an H100, with each of the three prefetches)."""
     return options().pdl
 
 

@@ -35,8 +35,8 @@ programmatic dependent launch (off unless ``MINITE_TRITON_PDL`` / ``options().pd
 kernel starts while the norm or SiLU kernel that writes X̂ still runs, asks the L2 for its slice of the codes and
 scales (``on``; ``head``: the slice's first pipeline stages; ``bare``: nothing), and waits for X̂ only then, so its
 weight bytes stream from HBM while that (issue-bound) kernel runs. It changes no
-bit, but measured in the 4B rollout it was slower than launching after the previous kernel (a whole slice is up
-to half the L2; ``benchmarks/RESULTS.md``), so it stays off.
+bit, but measured in the 4B rollout every form of it was slower than launching after the previous kernel, the one
+that prefetches nothing too (``benchmarks/RESULTS.md``), so it stays off.
 
 **The layout** (:func:`pack_codes`, :func:`pack_scales`; written once per weight sync) is what makes the decode
 cheap. Rows go in groups of 16 and K in tiles of 64. For each (group, tile), lane ``l = 4i + t`` of a warp owns
