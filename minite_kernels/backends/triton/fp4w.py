@@ -667,8 +667,8 @@ def fp4w_linear(
     return y
 
 
-#: what :func:`fp4w_linear` may prefetch before it waits, launched with PDL
-PREFETCH_CHOICES = ("slice", "head", "none")
+#: what :func:`fp4w_linear` may prefetch before it waits, launched with PDL: ``slice``, ``head``, ``none``
+PREFETCH_CHOICES = tuple(PDL_PREFETCH.values())
 
 
 def _prefetch_k(prefetch: str | None, k_per_split: int, bk: int, stages: int) -> int:
