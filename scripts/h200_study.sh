@@ -46,9 +46,10 @@
 # evals (else the runs recorded in benchmarks/learning/study_NAME seed it and only the missing ones train).
 # Afterwards `python scripts/import_study.py OUT/NAME/study.tgz NAME` records what came back.
 # STUDY_TREE=DIR runs the study with the code in DIR instead of this tree's, so that the blocks of one study keep
-# one code digest (trainers/provenance.py) while the tree moves on: make it with
-#   mkdir -p .pin/REV && git archive REV minite_util minite_kernels triage scoring rollout eval trainers recipes | tar -x -C .pin/REV
-# (about 7.4 MB; carry .pin/REV). The recorded runs and `borrow` still come from this tree's benchmarks/.
+# one code digest (trainers/provenance.py) while the tree moves on: an older tree in .ab/REV as the A/B steps use,
+# with the packages and recipes a study runs:
+#   mkdir -p .ab/REV && git archive REV minite_util minite_kernels triage scoring rollout eval trainers recipes | tar -x -C .ab/REV
+# (about 7.5 MB; carry .ab/REV). The recorded runs and `borrow` still come from this tree's benchmarks/.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MINITE_CACHE=/tmp/minite-cache TORCHINDUCTOR_COMPILE_THREADS=1
 export PYTHONPATH=/tmp/site:$PWD/scripts/device_shims:$PWD
