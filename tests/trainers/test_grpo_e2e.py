@@ -417,15 +417,41 @@ def test_a_sampler_with_its_own_precision_gets_the_learners_weights(tiny_model_d
     assert meta["precision"]["patched"] is False and meta["sampler_precision"]["patched"] is True
 
 
-def test_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path):
-    """The sampler's copy is rebuilt from the checkpoint's learner weights: 1 step, then a resumed 2nd, logs
-    what 2 uninterrupted steps log."""
+def _resumes_exactly(model_dir, tmp_path, recipe, *extra):
+    """1 step, then a resumed 2nd, log what 2 uninterrupted steps log, with 8 samples a prompt (after _args' 2):
+    groups whose rewards differ, so both steps train."""
+    def args(steps, out):
+        return [f"trainer.max_steps={steps}", *SEPARATE, f"recipe={recipe}", *_args(model_dir, out), "rollout.n=8",
+                *extra]
+
     full, part = tmp_path / "full", tmp_path / "part"
-    run_local(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, full)]))
-    run_local(load_config(["trainer.max_steps=1", *SEPARATE, *_args(tiny_model_dir, part)]))
-    run_local(load_config(["trainer.max_steps=2", *SEPARATE, *_args(tiny_model_dir, part)]))
+    run_local(load_config(args(2, full)))
+    run_local(load_config(args(1, part)))
+    run_local(load_config(args(2, part)))
     a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
     assert [r["step"] for r in b] == [1, 2] and a == b
+    assert all(r["actor/grad_norm"] > 0 and r["mismatch/abs_gap_mean"] > 1e-3 for r in a)  # trained, mismatched
+
+
+# no correction, token TIS and TRIAGE: the arms of recipes/studies/tis_vs_triage.yaml, whose runs resume from a
+# checkpoint when a device call ends before they do
+STUDY_ARMS = ["bf16", "tis_rollout_nvfp4", "triage_rollout_nvfp4"]
+
+
+@pytest.mark.parametrize("recipe", STUDY_ARMS)
+def test_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path, recipe):
+    """The sampler's copy is rebuilt from the checkpoint's learner weights, and a resumed run logs what an
+    uninterrupted one does."""
+    _resumes_exactly(tiny_model_dir, tmp_path, recipe)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", STUDY_ARMS)
+def test_gpu_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path, recipe):
+    """The same on CUDA as the studies run (fp32 learner, the graph sampler with its NVFP4 kernels, the
+    recompute): equal logs, bit for bit, only if the GPU step is deterministic and the checkpoint holds all of it."""
+    _resumes_exactly(tiny_model_dir, tmp_path, recipe, "model.device=cuda", "model.dtype=float32",
+                     "rollout.sampler=graph", "algorithm.old_log_prob=recompute")
 
 
 def test_a_failed_graph_capture_is_reported_once(tiny_model_dir, tmp_path, monkeypatch, capsys):
