@@ -29,6 +29,8 @@
 #                                               # tar -x -C .ab/REV
 #   bash scripts/h200_study.sh step_ab          # the whole step of an older tree (.ab/REV, AB_REV, default f0805c3)
 #                                               # and this one, taking turns, two rounds (carry .whl .ab)
+#   bash scripts/h200_study.sh resume_gpu       # after the wheels: the GPU twin of the resume test, for the
+#                                               # arms of tis_vs_triage.yaml (a stopped study run resumes exactly)
 #   bash scripts/h200_study.sh determinism      # the sampler's fused functions and graph engine GPU tests (a new
 #                                               # process draws the same tokens), then
 #                                               # scripts/check_rerun_determinism.py as compiled now and with
@@ -225,6 +227,13 @@ determinism)
     step rerun_static 90 python3 scripts/check_rerun_determinism.py
     step rerun_dynamic 90 python3 scripts/check_rerun_determinism.py --dynamic
     ;;
+resume_gpu)
+    # a study run stopped at a call's time limit resumes from its checkpoint in the next call: on CUDA, for the
+    # arms of recipes/studies/tis_vs_triage.yaml, the resumed run must log what the uninterrupted one does
+    need_site
+    step resume_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/trainers/test_grpo_e2e.py \
+        -k own_precision_resumes_exactly
+    ;;
 fp4w)
     step fp4w_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_fp4w_gemm.py
     step bench_fp4w 400 python3 scripts/bench_fp4w_gemm.py ${FP4W_ARGS:---sweep} --out "$out/fp4w.jsonl"
@@ -251,7 +260,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|quantize_ab|determinism|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|quantize_ab|determinism|resume_gpu|fp4w" >&2
     exit 2
     ;;
 esac
