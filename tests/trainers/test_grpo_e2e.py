@@ -435,21 +435,21 @@ def _resumes_exactly(model_dir, tmp_path, recipe, *extra):
 
 # no correction, token TIS and TRIAGE: the arms of recipes/studies/tis_vs_triage.yaml, whose runs resume from a
 # checkpoint when a device call ends before they do
-STUDY_ARMS = ["bf16", "tis_rollout_nvfp4", "triage_rollout_nvfp4"]
+STUDY_ARMS = ["rollout_nvfp4", "tis_rollout_nvfp4", "triage_rollout_nvfp4"]
 
 
 @pytest.mark.parametrize("recipe", STUDY_ARMS)
 def test_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path, recipe):
     """The sampler's copy is rebuilt from the checkpoint's learner weights, and a resumed run logs what an
     uninterrupted one does."""
-    _resumes_exactly(tiny_model_dir, tmp_path, recipe)
+    _resumes_exactly(tiny_model_dir, tmp_path, recipe, "algorithm.old_log_prob=recompute")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", STUDY_ARMS)
 def test_gpu_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tmp_path, recipe):
-    """The same on CUDA as the studies run (fp32 learner, the graph sampler with its NVFP4 kernels, the
-    recompute): equal logs, bit for bit, only if the GPU step is deterministic and the checkpoint holds all of it."""
+    """The same on CUDA as the studies run (fp32 learner, the graph sampler with its NVFP4 kernels): equal logs,
+    bit for bit, only if the GPU step is deterministic and the checkpoint holds all of it."""
     _resumes_exactly(tiny_model_dir, tmp_path, recipe, "model.device=cuda", "model.dtype=float32",
                      "rollout.sampler=graph", "algorithm.old_log_prob=recompute")
 
