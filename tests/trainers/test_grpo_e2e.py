@@ -417,19 +417,24 @@ def test_a_sampler_with_its_own_precision_gets_the_learners_weights(tiny_model_d
     assert meta["precision"]["patched"] is False and meta["sampler_precision"]["patched"] is True
 
 
-def _resumes_exactly(model_dir, tmp_path, recipe, *extra):
+def _resumes_exactly(model_dir, tmp_path, recipe, *extra, rerun: bool = False):
     """1 step, then a resumed 2nd, log what 2 uninterrupted steps log, with 8 samples a prompt (after _args' 2):
-    groups whose rewards differ, so both steps train."""
+    groups whose rewards differ, so both steps train. ``rerun``: first check that a second uninterrupted run
+    logs the same, so that a failure says whether the device or the resume differs."""
     def args(steps, out):
         return [f"trainer.max_steps={steps}", *SEPARATE, f"recipe={recipe}", *_args(model_dir, out), "rollout.n=8",
                 *extra]
 
     full, part = tmp_path / "full", tmp_path / "part"
     run_local(load_config(args(2, full)))
+    a = _stable(read_metrics(full))
+    if rerun:
+        run_local(load_config(args(2, tmp_path / "again")))
+        assert _stable(read_metrics(tmp_path / "again")) == a, "two uninterrupted runs differ: not deterministic"
     run_local(load_config(args(1, part)))
     run_local(load_config(args(2, part)))
-    a, b = _stable(read_metrics(full)), _stable(read_metrics(part))
-    assert [r["step"] for r in b] == [1, 2] and a == b
+    b = _stable(read_metrics(part))
+    assert [r["step"] for r in b] == [1, 2] and a == b, "the resumed run differs from the uninterrupted one"
     assert all(r["actor/grad_norm"] > 0 and r["mismatch/abs_gap_mean"] > 1e-3 for r in a)  # trained, mismatched
 
 
@@ -451,7 +456,7 @@ def test_gpu_a_sampler_with_its_own_precision_resumes_exactly(tiny_model_dir, tm
     """The same on CUDA as the studies run (fp32 learner, the graph sampler with its NVFP4 kernels): equal logs,
     bit for bit, only if the GPU step is deterministic and the checkpoint holds all of it."""
     _resumes_exactly(tiny_model_dir, tmp_path, recipe, "model.device=cuda", "model.dtype=float32",
-                     "rollout.sampler=graph", "algorithm.old_log_prob=recompute")
+                     "rollout.sampler=graph", "algorithm.old_log_prob=recompute", rerun=True)
 
 
 def test_a_failed_graph_capture_is_reported_once(tiny_model_dir, tmp_path, monkeypatch, capsys):
