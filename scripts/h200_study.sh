@@ -10,7 +10,7 @@
 #   bash scripts/h200_study.sh norm_quant       # after carry1: the fused norm/SiLU + quantizer kernels' GPU
 #                                               # tests, and the rollout with and without them
 #   bash scripts/h200_study.sh norm_quant_step  # then the whole step (interleaved recipes) without and with them
-#   bash scripts/h200_study.sh fp4w             # the packed-weight GEMM (scripts/fp4w_gemm.py): its GPU tests and
+#   bash scripts/h200_study.sh fp4w             # the FP4-weight GEMM (backends/triton/fp4w.py): its GPU tests and
 #                                               # benchmark (FP4W_ARGS replaces the default --sweep); no carry1
 #   bash scripts/h200_study.sh decode_check     # after carry1: the pair decode kernel, its routing and the
 #                                               # baseline of scripts/decode_planes.py, compiled, against the
@@ -180,7 +180,7 @@ refactor_bench)
     step bench_kernels_model 120 python3 scripts/bench_kernels.py --only linear,model --tokens 1024 --seq 512 \
         --out "$out/bench_kernels.jsonl"
     step bench_decode 60 python3 scripts/bench_decode.py --batches 1 --rep 20
-    step bench_fp4w 60 python3 scripts/bench_fp4w_gemm.py --batches 64 --rep 20
+    step bench_fp4w 60 python3 scripts/bench_fp4w.py --batches 64 --rep 20
     step bench_quant_layout 90 python3 scripts/bench_quant_layout.py --only token
     step bench_quantize_sweeps 90 python3 scripts/bench_quantize_sweeps.py --only ab
     ;;
@@ -235,8 +235,8 @@ resume_gpu)
         -k own_precision_resumes_exactly
     ;;
 fp4w)
-    step fp4w_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_fp4w_gemm.py
-    step bench_fp4w 400 python3 scripts/bench_fp4w_gemm.py ${FP4W_ARGS:---sweep} --out "$out/fp4w.jsonl"
+    step fp4w_gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_fp4w.py
+    step bench_fp4w 400 python3 scripts/bench_fp4w.py ${FP4W_ARGS:---sweep} --out "$out/fp4w.jsonl"
     ;;
 study)
     need_site

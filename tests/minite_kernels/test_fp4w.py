@@ -626,10 +626,10 @@ def test_compiled_mmas_stay_asynchronous(launch):
 def test_compiled_pdl_waits_before_reading(block_n, block_k, split, k, rows, swap_ab, bias, prefetch):
     """Compiled for sm_90 without a GPU, with ``PDL``: before ``griddepcontrol.wait`` the program issues one
     L2 bulk prefetch of its codes and one of its scales per 16-row group (2 * BLOCK_N / 16; none where it
-    prefetches nothing) and touches global memory in no other way (no load, no asynchronous copy into shared memory: Triton's pipeliner keeps its
-    prologue after the wait; no store or atomic), in the PTX and in the machine code ptxas makes of it; the
-    register-operand MMAs stay asynchronous. Without ``PDL`` no grid dependency control and no prefetch are
-    compiled."""
+    prefetches nothing) and touches global memory in no other way (no load, no asynchronous copy into shared
+    memory: Triton's pipeliner keeps its prologue after the wait; no store or atomic), in the PTX and in the
+    machine code ptxas makes of it; the register-operand MMAs stay asynchronous. Without ``PDL`` no grid
+    dependency control and no prefetch are compiled."""
     from minite_kernels.backends.triton.offline import (
         compile_offline,
         first_global_access,
