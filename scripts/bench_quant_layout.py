@@ -36,13 +36,12 @@ import triton
 import triton.language as tl
 from timing import gpu_ms  # scripts/ is on sys.path when run as a script
 
-from minite_kernels.backends.triton.nvfp4_jit import _block_scale, _encode_scale
+from minite_kernels.backends.triton.nvfp4_jit import _block_scale, _encode_scale, _rn_parts
 from minite_kernels.backends.triton.quantize_bf16 import (
     PACK_K,
     _add,
     _max_nan,
     _pair_absmax,
-    _rn_parts,
     _tab_ptr,
 )
 

@@ -38,7 +38,7 @@ from minite_kernels.backends.triton.decode_kernels import (
     _splitk_finish,
     _store_four_rows,
 )
-from minite_kernels.backends.triton.nvfp4_jit import _block_scale, _e2m1_code_rn, _e2m1_value, _encode_scale
+from minite_kernels.backends.triton.nvfp4_jit import _block_scale, _e2m1_rn, _encode_scale
 from minite_kernels.backends.triton.offline import DECODE_COMMON_TYPES
 from minite_kernels.backends.triton.quantize import QuantOut
 
@@ -245,13 +245,11 @@ def _decode_act_quant_kernel(
     vmax = tl.where(bad, 0, bmax_bits).to(tl.float32, bitcast=True)
     s_b, sbyte, enc = _block_scale(vmax, s_enc, s_dec)
     y = tl.where(bad, 0.0, x) * enc[:, None]
-    code = _e2m1_code_rn(tl.abs(y))
-    neg = y < 0.0
-    val = _e2m1_value(code) * s_b[:, None]
-    val = tl.where(neg, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
+    c4, mag = _e2m1_rn(tl.minimum(tl.abs(y), 6.0), y)  # signed code, magnitude
+    val = mag * s_b[:, None]
+    val = tl.where(y < 0.0, val * -1.0, val)  # -0.0 for negative values rounded to 0, as the quantizer
     KW = K // 8
     tl.store(qsp_ptr + r * K + (k % 8) * KW + k // 8, val.to(tl.float16), mask=m)
-    c4 = code + tl.where(neg, 8, 0)
     lo, hi = tl.split(tl.reshape(c4, [NB, 8, 2]))
     kb = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
     tl.store(data_ptr + r * (K // 2) + kb, (lo | (hi << 4)).to(tl.uint8), mask=kb < K // 2)

@@ -27,6 +27,9 @@
 #                                               # 2026-11-29 17:50 numbers) and this one take turns; carry .ab, made
 #                                               # with mkdir -p .ab/REV && git archive REV minite_kernels scripts |
 #                                               # tar -x -C .ab/REV
+#   bash scripts/h200_study.sh encode_ab        # the E2M1 encode written once: the GPU tests of its kernels, then
+#                                               # scripts/bench_encode.py of .ab/REV (AB_REV, default 2ee7da7)
+#                                               # and this tree, taking turns (carry .ab/REV: minite_kernels)
 #   bash scripts/h200_study.sh step_ab          # the whole step of an older tree (.ab/REV, AB_REV, default f0805c3)
 #                                               # and this one, taking turns, two rounds (carry .whl .ab)
 #   bash scripts/h200_study.sh resume_gpu       # after the wheels: the GPU twin of the resume test, for the
@@ -203,6 +206,20 @@ quantize_ab)
         done
     done
     ;;
+encode_ab)
+    # issue #42, the E2M1 encode written once (nvfp4_jit._e2m1_rn): the GPU tests of the kernels that call it,
+    # then scripts/bench_encode.py from an older tree (.ab/REV: AB_REV, default 2ee7da7, the tree before it;
+    # mkdir -p .ab/REV && git archive REV minite_kernels | tar -x -C .ab/REV) and this one, taking turns, 3 rounds
+    rev=${AB_REV:-2ee7da7}
+    [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
+    step encode_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_triton_kernels.py \
+        tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py
+    for round in 1 2 3; do
+        step "encode_${rev}_$round" 120 env PYTHONPATH="$PWD/.ab/$rev:$PWD" python3 scripts/bench_encode.py \
+            --out "$out/encode_ab.jsonl"
+        step "encode_head_$round" 120 python3 scripts/bench_encode.py --out "$out/encode_ab.jsonl"
+    done
+    ;;
 step_ab)
     # the whole step (bench_trainer.py, bf16 against NVFP4 w1x16) of an older tree in .ab/REV (AB_REV, default
     # f0805c3) and this one, taking turns, two rounds (carry .whl .ab; .ab/REV made as in the header, with
@@ -260,7 +277,7 @@ study)
     wait "${pids[@]}"
     ;;
 *)
-    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|quantize_ab|determinism|resume_gpu|fp4w" >&2
+    echo "usage: $0 carry1|carry2|study|norm_quant|norm_quant_step|decode_check|triage_graphs|refactor_check|refactor_bench|quantize_ab|encode_ab|step_ab|determinism|resume_gpu|fp4w" >&2
     exit 2
     ;;
 esac

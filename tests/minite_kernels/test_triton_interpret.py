@@ -62,60 +62,6 @@ def test_quantize_bytes_match_reference(tk):
             _same((d, s, a), quantize_nvfp4(inp, scaling=scaling, tile=tile))
 
 
-if IN_INTERPRETER:
-    import triton
-    import triton.language as tl
-
-    from minite_kernels.backends.triton.nvfp4_jit import _e2m1_code_rn
-
-    @triton.jit
-    def _code_kernel(a_ptr, c_ptr, n, BLOCK: tl.constexpr):
-        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = o < n
-        tl.store(c_ptr + o, _e2m1_code_rn(tl.load(a_ptr + o, mask=m, other=0.0)), mask=m)
-
-
-@interp_only
-def test_e2m1_code_matches_threshold_table(tk):
-    from minite_kernels.formats import e2m1_encode
-
-    ties = torch.tensor(
-        [
-            0.0,
-            0.25,
-            0.5,
-            0.75,
-            1.0,
-            1.25,
-            1.5,
-            1.75,
-            2.0,
-            2.5,
-            3.0,
-            3.5,
-            4.0,
-            5.0,
-            6.0,
-            7.0,
-            1e30,
-            float("inf"),
-            1e-40,
-        ]
-    )
-    rnd = torch.rand(2000, generator=torch.Generator().manual_seed(0)) * 8
-    a = torch.cat(
-        [
-            ties,
-            torch.nextafter(ties, torch.full_like(ties, float("inf"))),
-            torch.nextafter(ties, torch.zeros_like(ties)),
-            rnd,
-        ]
-    )
-    c = torch.empty(a.shape, dtype=torch.int32)
-    _code_kernel[(triton.cdiv(a.numel(), 1024),)](a, c, a.numel(), BLOCK=1024)
-    assert torch.equal(c, e2m1_encode(a).to(torch.int32))
-
-
 @interp_only
 def test_worked_example_bytes(tk):
     # notes §1.9: tensor amax 10, block amax 6.3 -> s_b = 288 (0x79); packed bytes 80 11 a2 44 5d e6 07 78
@@ -297,16 +243,19 @@ def test_bf16_stochastic_rounding_matches_reference(tk):
 
 
 if IN_INTERPRETER:
-    from minite_kernels.backends.triton.quantize_bf16 import _rn_mag, _rn_parts
+    import triton
+    import triton.language as tl
+
+    from minite_kernels.backends.triton.nvfp4_jit import _e2m1_rn
 
     @triton.jit
     def _rn_kernel(y_ptr, c_ptr, v_ptr, n, BLOCK: tl.constexpr):
         o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = o < n
         y = tl.load(y_ptr + o, mask=m, other=0.0)
-        t, c, p = _rn_parts(tl.minimum(tl.abs(y), 6.0), y, True)
-        tl.store(c_ptr + o, t.to(tl.int32, bitcast=True) - 0x4B400000, mask=m)  # the signed code
-        tl.store(v_ptr + o, _rn_mag(t, c, p), mask=m)
+        code, mag = _e2m1_rn(tl.minimum(tl.abs(y), 6.0), y)  # the signed code, the magnitude
+        tl.store(c_ptr + o, code, mask=m)
+        tl.store(v_ptr + o, mag, mask=m)
 
 
 @interp_only

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from ._common import INV_2688_SQ
-from .nvfp4_jit import _block_scale, _e2m1_code_rn, _e2m1_value, _encode_scale
+from .nvfp4_jit import _block_scale, _e2m1_rn, _encode_scale
 from .pdl_jit import _prefetch_l2, gdc_launch_dependents, gdc_wait
 
 INV_2688_SQ_C = tl.constexpr(INV_2688_SQ)
@@ -464,11 +464,8 @@ def _pairs_act_quant_kernel(
     )
     _s_b, sbyte, enc = _block_scale(vmax, s_enc, s_dec)
     y = tl.where(bad, 0.0, x) * enc[:, None]
-    code = _e2m1_code_rn(tl.abs(y))
-    neg = y < 0.0
-    cv = _e2m1_value(code)
-    cv = tl.where(neg, cv * -1.0, cv)  # -0.0 for negative values rounded to 0, as the quantizer
-    c4 = code + tl.where(neg, 8, 0)
+    c4, cv = _e2m1_rn(tl.minimum(tl.abs(y), 6.0), y)  # signed code, magnitude
+    cv = tl.where(y < 0.0, cv * -1.0, cv)  # -0.0 for negative values rounded to 0, as the quantizer
     lo, hi = tl.split(tl.reshape(c4, [CH, 8, 2]))
     kb2 = own[:, None] * 8 + tl.arange(0, 8)[None, :]
     tl.store(data_ptr + r * (K // 2) + kb2, (lo | (hi << 4)).to(tl.uint8), mask=kb2 < K // 2)

@@ -5,15 +5,25 @@
     S_enc = min(2688 / amax, FLT_MAX), 1 if amax == 0;   S_dec = 1 / S_enc           _encode_scale
     s_b   = e4m3_rne(min(vmax * (S_enc * fl(1/6)), 448))    (value and byte)          _e4m3_rne
     enc   = min(1 / (s_b * S_dec), FLT_MAX)               (with s_b: _block_scale)
-    code  = e2m1_rne(|x| * enc)                            (0..7, saturating)        _e2m1_code_rn
-    |q|   = e2m1(code) in {0, .5, 1, 1.5, 2, 3, 4, 6}                                  _e2m1_value
+    code  = e2m1_rne(min(|x| * enc, 6)) (+ 8 if x < 0)     (one magic add)           _rn_parts, _e2m1_rn
+    |q|   = e2m1(code) in {0, .5, 1, 1.5, 2, 3, 4, 6}      (from the same add)        _rn_mag
     x̂     = ±|q| * fp32(fp32(s_b * amax) * fl(1/2688))    (TE's order, overflow-safe)  _decode_factor
 
-plus ``_e4m3_decode`` (scale byte -> fp32) and ``_sr_step`` (the E2M1 grid step for stochastic rounding).
+plus ``_e2m1_value`` (code -> magnitude, for readers of packed bytes), ``_e4m3_decode`` (scale byte -> fp32)
+and ``_sr_mag`` (TE's 8-bit stochastic rounding onto the E2M1 grid).
+
+E2M1 rounding is one magic add, written once here (``_rn_parts``): with ``a = min(|y|, 6)``, ``E`` the
+exponent of ``max(a, 1)`` and ``m = 2^(1 - E)`` (2 below 2: grid step 1/2; 1 in [2, 4): step 1; 1/2 in
+[4, 6]: step 2), the E2M1 grid is the integer grid of ``a * m`` (exact: a power-of-two scaling), and::
+
+    t    = a * m + (1.5 * 2^23 + 2E [+ 8 where y < 0])   (the fp32 ulp there is 1: RNE to an integer)
+    code = bits(t) - bits(1.5 * 2^23)                    (the signed E2M1 code, 0..15)
+    |q|  = (t - addend) * 2^(E - 1)                      (exact)
 
 Worked example: a block of 16 values with max 6 in a tensor with amax 2688: S_enc = 1, s_b = e4m3(6/6) = 1
-(byte 0x38), the value 5.0 has code e2m1_rne(5.0) = 6 (4.0; 5 is a tie between 4 and 6 and goes to the even
-code), and decodes to 4.0 * (1 * 2688 / 2688) = 4.0.
+(byte 0x38), enc = 1. The value 5.0 has ``E = 2``, ``m = 1/2``, ``rint(2.5) = 2`` (a tie: to even), so its code
+is ``2 + 2E = 6`` (4.0), which decodes to 4.0 * (1 * 2688 / 2688) = 4.0; -1.0 has ``E = 0``, ``m = 2``,
+``rint(2) = 2`` and code ``2 + 8 = 10`` (-1.0).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ SIXTH = tl.constexpr(_SIXTH)
 INV_2688 = tl.constexpr(_INV_2688)
 TE_ORDER_AMAX_MAX = tl.constexpr(_TE_ORDER_AMAX_MAX)
 DECODE_FACTOR_MAX = tl.constexpr(_DECODE_FACTOR_MAX)
+MAGIC_BITS = tl.constexpr(0x4B400000)  # bits of 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer (RNE)
 
 
 @triton.jit
@@ -81,20 +92,41 @@ def _e4m3_rne(p):
 
 
 @triton.jit
-def _e2m1_code_rn(a):
-    """E2M1 code (0..7) of a = |v| >= 0 (any size: saturates to 7), round to nearest even (TE's tie table).
+def _rn_parts(a, y, SIGNED: tl.constexpr):
+    """E2M1 round-to-nearest-even of ``a`` in [0, 6] (sign from ``y``) by one FMA with a magic addend.
 
-    a >= 1: round the fp32 bit pattern to one mantissa bit (RNE: add 0x1FFFFF + the kept bit, truncate);
-    then ``bits >> 22 = 2 * (e + 127) + m`` and the code is ``2 + 2e + m = (bits >> 22) - 252``, capped at 7.
-    a < 1: the grid is 0, 0.5, 1, i.e. ``code = rint(2a)``, done as ``bits(2a + 1.5 * 2^23) - 0x4B400000``.
-    Same result as counting the thresholds .25 < a, .75 <= a, 1.25 < a, 1.75 <= a, 2.5 < a, 3.5 <= a, 5 < a
-    (the interpreter tests check ties and their neighbours), in about 10 instructions instead of 14.
+    With ``E = max(floor(log2 a), 0)`` (the exponent of ``max(a, 1)``, whose bits masked to the exponent
+    field are ``p = (127 + E) << 23``) and ``m = 2^(1 - E)`` (``bits(m) = 0x7F800000 - p``) the E2M1 grid is
+    the integer grid of ``a * m``. The addend ``c = 1.5 * 2^23 + 2E + 8 * (y < 0)`` (bits
+    ``0x4B400000 + (p >> 22) - 254 [+ 8]``) is an even integer where the fp32 ulp is 1, so ``t = a * m + c``
+    rounds ``a * m`` to an integer with ties to even, and ``bits(t) - 0x4B400000 = rint(a * m) + 2E +
+    8 * (y < 0)`` is the signed E2M1 code. Returns ``(t, c, p)``; without ``SIGNED`` the 8 is left out.
+    Callers that pack codes use ``bits(t)`` directly (``quantize_bf16``); the others call :func:`_e2m1_rn`.
     """
-    u = a.to(tl.int32, bitcast=True)
-    r = u + 0x1FFFFF + ((u >> 22) & 1)
-    hi = tl.minimum((r >> 22) - 252, 7)
-    lo = (a * 2.0 + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
-    return tl.where(u >= 0x3F800000, hi, lo)
+    p = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000
+    m = (0x7F800000 - p).to(tl.float32, bitcast=True)
+    cb = (p >> 22) + (MAGIC_BITS - 254)
+    if SIGNED:
+        cb = tl.where(y < 0.0, cb + 8, cb)
+    c = cb.to(tl.float32, bitcast=True)
+    t = a * m + c
+    return t, c, p
+
+
+@triton.jit
+def _rn_mag(t, c, p):
+    """Rounded magnitude ``rint(a * m) / m`` (exact) from ``_rn_parts``: ``2^(E - 1)`` has bits
+    ``p - 2^23``."""
+    return (t - c) * (p - 0x800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_rn(a, y):
+    """(signed E2M1 code 0..15, rounded magnitude) of ``a = min(|y|, 6)``, round to nearest even (TE's tie
+    table: .25 -> 0, .75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4); the sign bit is set where
+    ``y < 0`` (so -0.0 keeps code 0, as the reference)."""
+    t, c, p = _rn_parts(a, y, True)
+    return t.to(tl.int32, bitcast=True) - MAGIC_BITS, _rn_mag(t, c, p)
 
 
 @triton.jit
@@ -107,6 +139,16 @@ def _e2m1_value(c):
 @triton.jit
 def _sr_step(a):
     return tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+
+
+@triton.jit
+def _sr_mag(a, r):
+    """TE's 8-bit stochastic rounding of a = |v| (any a >= 0; a > 6 saturates) with random byte r: a point
+    on the E2M1 grid (``_rn_parts`` of it is exact)."""
+    u = r.to(tl.float32) * 0.00390625
+    t = a + u * _sr_step(a)
+    st = _sr_step(t)
+    return tl.minimum(tl.floor(t * (1.0 / st)) * st, 6.0)
 
 
 @triton.jit

@@ -22,15 +22,9 @@ reduced twice, the plain formulation, reaches about a third of copy bandwidth pe
 - ``max|x|`` is one ``max.NaN.f32`` of ``|x_even|``, ``|x_odd|`` per word (abs is a free operand modifier; NaN
   propagates, so ``amax`` is inf/NaN exactly when the reference's domain is poisoned), and the per-token row
   amax is the max of the block maxima;
-- E2M1 rounding by one magic add instead of a bit-pattern rounding plus a separate subnormal branch
-  (``a = min(|y|, 6)``, ``E = exponent of max(a, 1)``, ``m = 2^(1 - E)``)::
-
-      t    = a * m + 1.5 * 2^23           (a * m exact; RNE of a * m to an integer: the E2M1 grid)
-      code = bits(t) - bits(1.5 * 2^23) + 2E   (+ 8 where y < 0)
-      |q|  = (t - 1.5 * 2^23) * 2^(E - 1)
-
-  (m = 2 below 2: grid step 1/2; m = 1 in [2, 4): step 1; m = 1/2 in [4, 6]: step 2; the clamp to 6 is the
-  reference's saturation, so no cap on the code is needed);
+- E2M1 rounding is ``nvfp4_jit``'s one magic add (``_rn_parts``), and the packed byte of a word is summed
+  from the two adds' bit patterns: ``bits(t_even) + 16 * bits(t_odd)`` less a constant (``PACK_K``), so no
+  code is extracted on its own;
 - a poisoned domain is handled once per block (scale byte 0x7F, code word 0) instead of zeroing every word;
 - signed zeros of ``qs``/``deq`` follow the reference (``mag * -1``, not ``-mag``, which Triton lowers to
   ``0 - mag`` = +0);
@@ -53,22 +47,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import _block_scale, _decode_factor, _encode_scale, _sr_step
-
-
-@triton.jit
-def _sr_mag(a, r):
-    """TE's 8-bit stochastic rounding of a = |v| (any a >= 0; a > 6 saturates) with random byte r."""
-    u = r.to(tl.float32) * 0.00390625
-    t = a + u * _sr_step(a)
-    st = _sr_step(t)
-    return tl.minimum(tl.floor(t * (1.0 / st)) * st, 6.0)
-
+from .nvfp4_jit import _block_scale, _decode_factor, _encode_scale, _rn_mag, _rn_parts, _sr_mag
 
 # ======================================================================================================
 # whole 16-element blocks per thread, wide stores
 # ======================================================================================================
-MAGIC_BITS = tl.constexpr(0x4B400000)  # bits of 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer (RNE)
 #: sum over the 8 codes of a 4-word half of the bits(MAGIC) offsets, at their nibble positions (mod 2^32)
 PACK_K = tl.constexpr(0x3F400000)  # 17 * 0x4B400000 * (1 + 2^8 + 2^16 + 2^24) mod 2^32
 
@@ -85,35 +68,6 @@ def _pair_absmax(w):
     xe = (w << 16).to(tl.float32, bitcast=True)
     xo = (w & -65536).to(tl.float32, bitcast=True)
     return tl.maximum(tl.abs(xe), tl.abs(xo), propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _rn_parts(a, y, SIGNED: tl.constexpr):
-    """E2M1 round-to-nearest-even of ``a`` in [0, 6] (sign from ``y``) by one FMA with a magic addend.
-
-    With ``E = max(floor(log2 a), 0)`` (the exponent of ``max(a, 1)``, whose bits masked to the exponent
-    field are ``p = (127 + E) << 23``) and ``m = 2^(1 - E)`` (2 below 2, 1 in [2, 4), 1/2 in [4, 6];
-    ``bits(m) = 0x7F800000 - p``) the E2M1 grid is the integer grid of ``a * m`` (exact: a power-of-two
-    scaling). The addend ``c = 1.5 * 2^23 + 2E + 8 * (y < 0)`` (bits ``0x4B400000 + (p >> 22) - 254 [+ 8]``)
-    is an even integer where the fp32 ulp is 1, so ``t = a * m + c`` rounds ``a * m`` to an integer with ties
-    to even, and ``bits(t) - 0x4B400000 = rint(a * m) + 2E + 8 * (y < 0)`` is the signed E2M1 code.
-    Returns ``(t, c, p)``; without ``SIGNED`` the 8 is left out.
-    """
-    p = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000
-    m = (0x7F800000 - p).to(tl.float32, bitcast=True)
-    cb = (p >> 22) + (MAGIC_BITS - 254)
-    if SIGNED:  # only the packed codes carry the sign here (qs/deq apply it to the magnitude)
-        cb = tl.where(y < 0.0, cb + 8, cb)
-    c = cb.to(tl.float32, bitcast=True)
-    t = a * m + c
-    return t, c, p
-
-
-@triton.jit
-def _rn_mag(t, c, p):
-    """Rounded magnitude ``rint(a * m) / m`` (exact) from ``_rn_parts``: ``2^(E - 1)`` has bits
-    ``p - 2^23``."""
-    return (t - c) * (p - 0x800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -41,11 +41,11 @@ import triton.language as tl
 from .nvfp4_jit import (
     _block_scale,
     _decode_factor,
-    _e2m1_code_rn,
+    _e2m1_rn,
     _e2m1_value,
     _e4m3_decode,
     _encode_scale,
-    _sr_step,
+    _sr_mag,
 )
 
 
@@ -77,17 +77,11 @@ def _quantize_tile(
     y = tl.minimum(tl.maximum(y, -6.0), 6.0)
     a = tl.abs(y)
     if SR:
-        u = tl.reshape(rbits, [BLOCK_M, NB, 16]).to(tl.float32) * 0.00390625
-        t = a + u * _sr_step(a)
-        st = _sr_step(t)
-        mag = tl.minimum(tl.floor(t * (1.0 / st)) * st, 6.0)
-        code = _e2m1_code_rn(mag)
+        mag = _sr_mag(a, tl.reshape(rbits, [BLOCK_M, NB, 16]))  # on the E2M1 grid: rounding it is exact
+        code, _mag = _e2m1_rn(mag, y)  # signed code
     else:
-        code = _e2m1_code_rn(a)
-        mag = _e2m1_value(code)
-    neg = y < 0.0
-    code = tl.where(neg, code + 8, code)
-    qs = tl.where(neg, mag * -1.0, mag) * s_b[:, :, None]  # mag * -1 keeps -0 (Triton lowers -x to 0 - x)
+        code, mag = _e2m1_rn(a, y)
+    qs = tl.where(y < 0.0, mag * -1.0, mag) * s_b[:, :, None]  # mag * -1 keeps -0 (Triton lowers -x to 0 - x)
     pairs = tl.reshape(code, [BLOCK_M, BLOCK_K // 2, 2])
     lo, hi = tl.split(pairs)
     packed = (lo | (hi << 4)).to(tl.uint8)
