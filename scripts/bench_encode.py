@@ -15,6 +15,7 @@ One JSON line per case: ``{"bench": "encode", "case", "tree", "us", "bytes_equal
 64 rows of K = 2560 and 9728 (CUDA-graph replay: a few microseconds each). Exits 1 if any bytes differ.
 
     TRITON_INTERPRET=1 python scripts/bench_encode.py --check   # CPU: the same cases at tiny sizes, bytes only
+    python scripts/bench_encode.py --sass   # CPU: machine instructions of each kernel, compiled for sm_90 offline
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import pathlib
 import sys
 
 import torch
-from timing import gpu_ms, gpu_us  # scripts/ is on sys.path when run as a script
 
 
 def _heavy(m: int, k: int, seed: int, device: str, dtype=torch.float32) -> torch.Tensor:
@@ -43,6 +43,8 @@ def _equal(out, ref) -> bool:
 
 def run(out_path: str | None, *, check: bool = False) -> list[dict]:
     """Every case's row; ``check``: tiny sizes on the CPU (Triton's interpreter), bytes only (``us`` None)."""
+    from timing import gpu_ms, gpu_us  # scripts/ is on sys.path when run as a script
+
     import minite_kernels
     from minite_kernels.backends.triton import quantize_for_decode, quantize_nvfp4_triton
     from minite_kernels.formats import quantize_nvfp4, random_bytes
@@ -85,11 +87,51 @@ def run(out_path: str | None, *, check: bool = False) -> list[dict]:
     return rows
 
 
+#: the argument types the offline compile specializes (``offline.compile_offline``): fp32 into the generic
+#: quantizers (BF16 takes the word-wise path), bf16 activations into the decode quantizer
+_TOKEN_TYPES = {"x_ptr": "*fp32", "data_ptr": "*u8", "scales_ptr": "*u8", "qs_ptr": "*bf16", "amax_out_ptr": "*fp32",
+                "rbits_ptr": "*u8", "M": "i32", "K": "i32", "stride_m": "i32", "stride_k": "i32"}
+_ACT_TYPES = {"x_ptr": "*bf16", "xp_ptr": "*i32", "data_ptr": "*u8", "scales_ptr": "*u8", "amax_ptr": "*fp32",
+              "nonfinite_ptr": "*i1", "K": "i32", "stride_x": "i32"}
+
+
+def sass_counts() -> dict[str, int]:
+    """Machine instructions (``cuobjdump -sass`` lines, padding included) of the kernels this benchmark times, at
+    the launch parameters the library uses, compiled for sm_90 without a GPU."""
+    from minite_kernels.backends.triton import decode_kernels as dk
+    from minite_kernels.backends.triton import quantize_kernels as qk
+    from minite_kernels.backends.triton.offline import compile_offline, sass
+
+    def n(kernel, types, constexprs, warps=4) -> int:
+        return len(sass(compile_offline(kernel, types, constexprs, warps=warps)["cubin"]))
+
+    out = {}
+    for sr in (False, True):
+        for qs in (False, True):
+            flags = {"SR": sr, "WRITE_PACKED": True, "WRITE_QS": qs}
+            out[f"per_token sr={sr} qs={qs}"] = n(qk._quantize_per_token_kernel, _TOKEN_TYPES,
+                                                  {"BLOCK_M": 1, "BLOCK_K": 256, **flags})
+            out[f"per_tensor sr={sr} qs={qs}"] = n(qk._quantize_per_tensor_kernel,
+                                                   {**_TOKEN_TYPES, "scratch_ptr": "*i32"},
+                                                   {"BLOCK_M": 8, "BLOCK_K": 256, "TILE16": False, **flags})
+    for nb in (256, 1024):  # K = 2560 and 9728 (next power of two of K / 16)
+        out[f"decode_quant NB={nb}"] = n(dk._pairs_act_quant_kernel, _ACT_TYPES, {"NB": nb, "CH": 32, "PDL": False},
+                                         warps=4 if nb <= 256 else 8)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.add_argument("--check", action="store_true", help="tiny sizes, bytes only (CPU, under TRITON_INTERPRET=1)")
+    p.add_argument("--sass", action="store_true", help="machine instruction counts, compiled offline (no GPU)")
     args = p.parse_args(argv)
+    if args.sass:
+        import minite_kernels
+
+        tree = str(pathlib.Path(minite_kernels.__file__).resolve().parents[1])
+        print(json.dumps({"bench": "encode_sass", "tree": tree, "instructions": sass_counts()}))
+        return 0
     if args.check and os.environ.get("TRITON_INTERPRET") != "1":
         print("--check runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from minite_test_support import SCRIPTS
+from minite_test_support import SCRIPTS, load_script
 
 pytest.importorskip("triton")
 
@@ -32,3 +32,9 @@ def test_check_mode_needs_the_interpreter():
     res = subprocess.run([sys.executable, str(SCRIPTS / "bench_encode.py"), "--check"], env=env, check=False,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "TRITON_INTERPRET=1" in res.stderr
+
+
+def test_every_timed_kernel_compiles_for_sm90_offline():
+    """``--sass``: the kernels the GPU run times compile (not interpreted) for sm_90 without a GPU."""
+    counts = load_script("bench_encode").sass_counts()
+    assert len(counts) == 10 and all(n > 100 for n in counts.values()), counts
