@@ -209,13 +209,14 @@ quantize_ab)
 encode_ab)
     # issue #42, the E2M1 encode written once (nvfp4_jit._e2m1_rn): the GPU tests of the kernels that call it,
     # then scripts/bench_encode.py from an older tree (.ab/REV: AB_REV, default 2ee7da7, the tree before it;
-    # mkdir -p .ab/REV && git archive REV minite_kernels | tar -x -C .ab/REV) and this one, taking turns, 3 rounds
+    # mkdir -p .ab/REV && git archive REV minite_kernels | tar -x -C .ab/REV) and this one, taking turns,
+    # ENCODE_ROUNDS rounds (default 3)
     rev=${AB_REV:-2ee7da7}
     [ -d ".ab/$rev" ] || { echo "no .ab/$rev: carry it (see the header)" | tee -a "$out/summary.txt"; exit 1; }
     step encode_gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/minite_kernels/test_triton_kernels.py \
         tests/minite_kernels/test_triton_decode.py tests/minite_kernels/test_decode_planes.py \
         -k "quantize_bytes or noncontiguous or nonfinite or stochastic or backend_quantize or huge_finite or decode"
-    for round in 1 2 3; do
+    for round in $(seq "${ENCODE_ROUNDS:-3}"); do
         step "encode_${rev}_$round" 120 env PYTHONPATH="$PWD/.ab/$rev:$PWD" python3 scripts/bench_encode.py \
             --out "$out/encode_ab.jsonl"
         step "encode_head_$round" 120 python3 scripts/bench_encode.py --out "$out/encode_ab.jsonl"
