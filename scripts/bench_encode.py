@@ -120,6 +120,26 @@ def sass_counts() -> dict[str, int]:
     return out
 
 
+def bf16_sass_digests() -> dict[str, str]:
+    """A digest of the machine code of the BF16 word-wise quantizers (``quantize_bf16.py``), which this benchmark does
+    not time: equal digests from two trees mean the same kernels."""
+    import hashlib
+
+    from minite_kernels.backends.triton import quantize_bf16 as qb
+    from minite_kernels.backends.triton.offline import compile_offline, sass
+
+    token = {"xw_ptr": "*i32", "data_ptr": "*i32", "scales_ptr": "*u8", "qs_ptr": "*i32", "deq_ptr": "*i32",
+             "amax_ptr": "*fp32", "nonfinite_ptr": "*i1", "rb_ptr": "*i16", "M": "i32", "KW": "i32", "stride_w": "i32"}
+    out = {}
+    for sr in (False, True):
+        for qs, deq in ((False, False), (True, False), (False, True)):
+            cx = {"BLOCK_M": 2, "NB": 128, "ALIGN4": True, "SR": sr, "WRITE_PACKED": True, "WRITE_QS": qs,
+                  "WRITE_DEQ": deq, "RNE_INT": False}
+            ops = sass(compile_offline(qb._quant_token_kernel_bf16, token, cx)["cubin"])
+            out[f"bf16_token sr={sr} qs={qs} deq={deq}"] = hashlib.sha1("\n".join(ops).encode()).hexdigest()[:12]
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
@@ -130,7 +150,8 @@ def main(argv=None) -> int:
         import minite_kernels
 
         tree = str(pathlib.Path(minite_kernels.__file__).resolve().parents[1])
-        print(json.dumps({"bench": "encode_sass", "tree": tree, "instructions": sass_counts()}))
+        print(json.dumps({"bench": "encode_sass", "tree": tree, "instructions": sass_counts(),
+                          "bf16_sass_sha1": bf16_sass_digests()}))
         return 0
     if args.check and os.environ.get("TRITON_INTERPRET") != "1":
         print("--check runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1", file=sys.stderr)

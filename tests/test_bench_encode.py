@@ -36,5 +36,7 @@ def test_check_mode_needs_the_interpreter():
 
 def test_every_timed_kernel_compiles_for_sm90_offline():
     """``--sass``: the kernels the GPU run times compile (not interpreted) for sm_90 without a GPU."""
-    counts = load_script("bench_encode").sass_counts()
+    bench = load_script("bench_encode")
+    counts = bench.sass_counts()
     assert len(counts) == 10 and all(n > 100 for n in counts.values()), counts
+    assert len(set(bench.bf16_sass_digests().values())) == 6  # six different kernels, each compiled
