@@ -201,8 +201,8 @@ def main() -> int:
     p.add_argument("--dir", default=str(REPO / ".whl" / "device"), help="where the wheels go")
     p.add_argument("--parts", default=str(REPO / ".whl" / "parts"), help="where the parts go")
     p.add_argument("--part-mib", type=int, default=20,
-                   help="the most MiB per part: a call carries 64 MiB together with the working tree, whose "
-                        "size as the device tool counts it passed 30 MiB (a 32 MiB part no longer fits)")
+                   help="the most MiB per part: a call carries 64 MiB together with the working tree, which "
+                        "the device tool counted at over 41 MiB on 2026-12-07 (20 MiB parts fit, 22 MiB did not)")
     p.add_argument("--have", default=None, help="`pip list --format=json` from the device: what it already has")
     p.add_argument("--exclude", action="append", default=[], metavar="NAME",
                    help="pack: leave this distribution out (repeatable; e.g. ray for local-engine runs)")
