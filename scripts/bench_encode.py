@@ -1,8 +1,8 @@
 """Time the NVFP4 quantizers whose E2M1 encode is ``nvfp4_jit._e2m1_rn`` (issue #42: the encode written once),
 checking their bytes against the reference on the way.
 
-The BF16 fast path (``quantize_bf16.py``) compiles to the same machine code whichever tree it comes from, so it
-is not timed here; what changed are the generic kernels (fp32 inputs, stochastic rounding) and the decode
+The BF16 fast path (``quantize_bf16.py``) is not timed here: its source changed only in where the encode is
+imported from, and ``--sass`` checks that its per-token kernel compiles to the same machine code; what changed are the generic kernels (fp32 inputs, stochastic rounding) and the decode
 activation quantizer (``quantize_for_decode``). Run it once per tree, the trees taking turns, to compare an
 older encode with this one on the same machine:
 
@@ -35,6 +35,13 @@ def _heavy(m: int, k: int, seed: int, device: str, dtype=torch.float32) -> torch
     return x.to(dtype).to(device)
 
 
+def _tree() -> str:
+    """The folder ``minite_kernels`` is imported from: this tree, or an older one first on ``PYTHONPATH``."""
+    import minite_kernels
+
+    return str(pathlib.Path(minite_kernels.__file__).resolve().parents[1])
+
+
 def _equal(out, ref) -> bool:
     return torch.equal(out.data.cpu(), ref.data) and torch.equal(
         out.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8)
@@ -45,11 +52,10 @@ def run(out_path: str | None, *, check: bool = False) -> list[dict]:
     """Every case's row; ``check``: tiny sizes on the CPU (Triton's interpreter), bytes only (``us`` None)."""
     from timing import gpu_ms, gpu_us  # scripts/ is on sys.path when run as a script
 
-    import minite_kernels
     from minite_kernels.backends.triton import quantize_for_decode, quantize_nvfp4_triton
     from minite_kernels.formats import quantize_nvfp4, random_bytes
 
-    tree = str(pathlib.Path(minite_kernels.__file__).resolve().parents[1])
+    tree = _tree()
     dev = "cpu" if check else "cuda"
     rows: list[dict] = []
 
@@ -147,10 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--sass", action="store_true", help="machine instruction counts, compiled offline (no GPU)")
     args = p.parse_args(argv)
     if args.sass:
-        import minite_kernels
-
-        tree = str(pathlib.Path(minite_kernels.__file__).resolve().parents[1])
-        print(json.dumps({"bench": "encode_sass", "tree": tree, "instructions": sass_counts(),
+        print(json.dumps({"bench": "encode_sass", "tree": _tree(), "instructions": sass_counts(),
                           "bf16_sass_sha1": bf16_sass_digests()}))
         return 0
     if args.check and os.environ.get("TRITON_INTERPRET") != "1":
