@@ -2,9 +2,10 @@
 checking their bytes against the reference on the way.
 
 The BF16 fast path (``quantize_bf16.py``) is not timed here: its source changed only in where the encode is
-imported from, and ``--sass`` checks that its per-token kernel compiles to the same machine code; what changed are the generic kernels (fp32 inputs, stochastic rounding) and the decode
-activation quantizer (``quantize_for_decode``). Run it once per tree, the trees taking turns, to compare an
-older encode with this one on the same machine:
+imported from, and ``--sass`` checks that its per-token kernel compiles to the same machine code. What changed
+are the generic kernels (fp32 inputs, stochastic rounding) and the decode activation quantizer
+(``quantize_for_decode``). Run it once per tree, the trees taking turns, to compare an older encode with this
+one on the same machine:
 
     python scripts/bench_encode.py --out encode.jsonl                       # this tree
     PYTHONPATH=.ab/REV python scripts/bench_encode.py --out encode.jsonl    # the kernels of .ab/REV
